@@ -1,0 +1,361 @@
+"""Read and write vsim-trace files: Chrome trace JSON (gzip or plain) with one sidecar key.
+
+Layout (DESIGN.md, contract): {"vsim": {format, version, meta, measured, tensors},
+"traceEvents": [...]}. Ops are "X" events with cat "op", copies "X" with cat "copy", allocator
+events "i" with cat "mem", counters "C" (for viewing only, ignored on load). Trace order is
+ascending op id; `deps` may only name earlier ops, which rules out cycles. Every field is checked
+on load and an error names the file and the JSON path of the first bad value.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceError
+from . import migrate
+from .schema import (
+    COPY_DIRECTIONS, FORMAT, MEM_ACTIONS, PHASES, SCHEMA_VERSION, SOURCES, TENSOR_KINDS,
+    Copy, Kernel, MemEvent, Measured, Op, Tensor, Trace,
+)
+
+GPU_PID = 1
+_ALLOCATOR_TID = 1000  # allocator events of stream 0 would sit under the compute slices
+
+
+# ---------------------------------------------------------------- writing
+
+def trace_to_json(trace: Trace) -> dict[str, Any]:
+    """The JSON document of a trace (what `save_trace` writes)."""
+    events: list[dict[str, Any]] = []
+    streams: set[int] = set()
+    for op in trace.ops:
+        streams.add(op.stream)
+        args: dict[str, Any] = {
+            "op": op.id, "layer": op.layer, "layer_type": op.layer_type, "phase": op.phase,
+            "reads": list(op.reads), "writes": list(op.writes), "frees": list(op.frees),
+            "deps": list(op.deps),
+            "kernels": [[k.name, k.stream, k.start_us, k.dur_us] for k in op.kernels],
+        }
+        if op.flops:
+            args["flops"] = op.flops
+        if op.dram_bytes:
+            args["dram_bytes"] = op.dram_bytes
+        if op.attrs:
+            args["attrs"] = dict(op.attrs)
+        events.append({"name": op.name, "cat": "op", "ph": "X", "ts": op.start_us,
+                       "dur": op.dur_us, "pid": GPU_PID, "tid": op.stream, "args": args})
+    for copy in trace.copies:
+        streams.add(copy.stream)
+        events.append({"name": f"{copy.direction} t{copy.tensor}", "cat": "copy", "ph": "X",
+                       "ts": copy.start_us, "dur": copy.dur_us, "pid": GPU_PID,
+                       "tid": copy.stream, "args": {"tensor": copy.tensor,
+                                                    "direction": copy.direction,
+                                                    "bytes": copy.size_bytes}})
+    for ev in trace.mem_events:
+        events.append({"name": ev.action, "cat": "mem", "ph": "i", "s": "t", "ts": ev.time_us,
+                       "pid": GPU_PID, "tid": _ALLOCATOR_TID,
+                       "args": {"addr": ev.addr, "bytes": ev.size_bytes, "stream": ev.stream,
+                                "tensor": ev.tensor, "op": ev.op}})
+    events.extend(trace.counters)
+    names = {GPU_PID: "GPU"}
+    events.append({"name": "process_name", "ph": "M", "pid": GPU_PID, "tid": 0,
+                   "args": {"name": f"{names[GPU_PID]} ({trace.meta.get('source', '?')})"}})
+    for stream in sorted(streams):
+        events.append({"name": "thread_name", "ph": "M", "pid": GPU_PID, "tid": stream,
+                       "args": {"name": _stream_label(stream, trace)}})
+    if trace.mem_events:
+        events.append({"name": "thread_name", "ph": "M", "pid": GPU_PID, "tid": _ALLOCATOR_TID,
+                       "args": {"name": "allocator"}})
+    sidecar: dict[str, Any] = {
+        "format": FORMAT, "version": SCHEMA_VERSION, "meta": trace.meta,
+        "measured": None if trace.measured is None else {
+            "iteration_time_us": trace.measured.iteration_time_us,
+            "peak_allocated_bytes": trace.measured.peak_allocated_bytes,
+            "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
+        "tensors": [{"id": t.id, "bytes": t.size_bytes, "kind": t.kind, "name": t.name,
+                     "producer": t.producer, "consumers": list(t.consumers)}
+                    for t in trace.tensors],
+    }
+    return {"vsim": sidecar, "traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _stream_label(stream: int, trace: Trace) -> str:
+    labels = trace.meta.get("stream_names", {})
+    return str(labels.get(str(stream), f"stream {stream}"))
+
+
+def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write atomically (temporary file, then rename): a failed write leaves nothing behind.
+    Gzip when the name ends in .gz."""
+    path = Path(path)
+    text = json.dumps(trace_to_json(trace), separators=(",", ":"), allow_nan=False)
+    data = text.encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=9, mtime=0)  # mtime=0: byte-identical output
+    parent = path.parent if str(path.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------- reading
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
+    where = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace: {exc.strerror or exc}", where) from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"corrupt gzip data ({exc})", where) from None
+    try:
+        doc = json.loads(raw)
+    except UnicodeDecodeError:
+        raise TraceError("not a text JSON file (binary data)", where) from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                         where) from None
+    return trace_from_json(doc, where)
+
+
+def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:
+    """Validate a parsed JSON document and build the Trace."""
+    reader = _Reader(where)
+    doc = reader.obj(doc, "")
+    sidecar = reader.obj(doc.get("vsim"), "vsim")
+    fmt = sidecar.get("format")
+    if fmt != FORMAT:
+        raise TraceError(f"vsim.format is {fmt!r}, expected {FORMAT!r}", where)
+    version = sidecar.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TraceError(f"vsim.version must be an integer, got {version!r}", where)
+    if version > SCHEMA_VERSION:
+        raise TraceError(f"trace version {version} is newer than this vsim reads "
+                         f"(up to {SCHEMA_VERSION}); upgrade vsim", where)
+    if version < 1:
+        raise TraceError(f"vsim.version {version} does not exist", where)
+    doc = migrate.upgrade(doc, version, where)
+    return reader.trace(doc)
+
+
+class _Reader:
+    """Field-by-field validation with JSON paths in every message."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, path: str, message: str) -> TraceError:
+        return TraceError(f"{path or 'top level'}: {message}", self.where)
+
+    def obj(self, value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def lst(self, value: Any, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(path, f"expected a list, got {type(value).__name__}")
+        return value
+
+    def integer(self, value: Any, path: str, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(path, f"must be at least {minimum}, got {value}")
+        return value
+
+    def number(self, value: Any, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"expected a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise self.fail(path, f"must be finite and not negative, got {value!r}")
+        return float(value)
+
+    def string(self, value: Any, path: str, choices: tuple[str, ...] | None = None) -> str:
+        if not isinstance(value, str):
+            raise self.fail(path, f"expected a string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.fail(path, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def ids(self, value: Any, path: str) -> tuple[int, ...]:
+        return tuple(self.integer(v, f"{path}[{i}]") for i, v in enumerate(self.lst(value, path)))
+
+    def key(self, obj: dict[str, Any], name: str, path: str) -> Any:
+        if name not in obj:
+            raise self.fail(path, f"missing required field {name!r}")
+        return obj[name]
+
+    # -- the document
+
+    def trace(self, doc: dict[str, Any]) -> Trace:
+        sidecar = doc["vsim"]
+        meta = self.obj(self.key(sidecar, "meta", "vsim"), "vsim.meta")
+        self.string(self.key(meta, "source", "vsim.meta"), "vsim.meta.source", SOURCES)
+        measured = self.measured(sidecar.get("measured"))
+        tensors = tuple(self.tensor(t, f"vsim.tensors[{i}]") for i, t in
+                        enumerate(self.lst(self.key(sidecar, "tensors", "vsim"), "vsim.tensors")))
+        events = self.lst(self.key(doc, "traceEvents", ""), "traceEvents")
+        ops: list[tuple[Op, str]] = []
+        copies: list[Copy] = []
+        mem: list[MemEvent] = []
+        counters: list[dict[str, Any]] = []
+        for i, ev in enumerate(events):
+            path = f"traceEvents[{i}]"
+            ev = self.obj(ev, path)
+            ph, cat = ev.get("ph"), ev.get("cat")
+            if ph == "X" and cat == "op":
+                ops.append((self.op(ev, path), path))
+            elif ph == "X" and cat == "copy":
+                copies.append(self.copy(ev, path))
+            elif ph == "i" and cat == "mem":
+                mem.append(self.mem(ev, path))
+            elif ph == "C":
+                counters.append(ev)
+            elif not isinstance(ph, str):
+                raise self.fail(f"{path}.ph", f"expected a phase string, got {ph!r}")
+        self.check_graph(tensors, ops)
+        return Trace(meta=meta, tensors=tensors, ops=tuple(op for op, _ in ops),
+                     measured=measured, copies=tuple(copies), mem_events=tuple(mem),
+                     counters=tuple(counters))
+
+    def measured(self, value: Any) -> Measured | None:
+        if value is None:
+            return None
+        path = "vsim.measured"
+        m = self.obj(value, path)
+        return Measured(
+            iteration_time_us=self.number(self.key(m, "iteration_time_us", path),
+                                          f"{path}.iteration_time_us"),
+            peak_allocated_bytes=self.integer(self.key(m, "peak_allocated_bytes", path),
+                                              f"{path}.peak_allocated_bytes"),
+            peak_reserved_bytes=self.integer(self.key(m, "peak_reserved_bytes", path),
+                                             f"{path}.peak_reserved_bytes"))
+
+    def tensor(self, value: Any, path: str) -> Tensor:
+        t = self.obj(value, path)
+        producer = t.get("producer")
+        return Tensor(
+            id=self.integer(self.key(t, "id", path), f"{path}.id"),
+            size_bytes=self.integer(self.key(t, "bytes", path), f"{path}.bytes"),
+            kind=self.string(self.key(t, "kind", path), f"{path}.kind", TENSOR_KINDS),
+            name=self.string(t.get("name", ""), f"{path}.name"),
+            producer=None if producer is None else self.integer(producer, f"{path}.producer"),
+            consumers=self.ids(t.get("consumers", []), f"{path}.consumers"))
+
+    def op(self, ev: dict[str, Any], path: str) -> Op:
+        args = self.obj(self.key(ev, "args", path), f"{path}.args")
+        ap = f"{path}.args"
+        kernels = []
+        for k, kern in enumerate(self.lst(args.get("kernels", []), f"{ap}.kernels")):
+            kp = f"{ap}.kernels[{k}]"
+            kern = self.lst(kern, kp)
+            if len(kern) != 4:
+                raise self.fail(kp, "expected [name, stream, ts, dur]")
+            kernels.append(Kernel(self.string(kern[0], f"{kp}[0]"),
+                                  self.integer(kern[1], f"{kp}[1]"),
+                                  self.number(kern[2], f"{kp}[2]"),
+                                  self.number(kern[3], f"{kp}[3]")))
+        attrs = self.obj(args.get("attrs", {}), f"{ap}.attrs")
+        return Op(
+            id=self.integer(self.key(args, "op", ap), f"{ap}.op"),
+            name=self.string(self.key(ev, "name", path), f"{path}.name"),
+            layer=self.string(self.key(args, "layer", ap), f"{ap}.layer"),
+            layer_type=self.string(self.key(args, "layer_type", ap), f"{ap}.layer_type"),
+            phase=self.string(self.key(args, "phase", ap), f"{ap}.phase", PHASES),
+            start_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
+            dur_us=self.number(self.key(ev, "dur", path), f"{path}.dur"),
+            stream=self.integer(self.key(ev, "tid", path), f"{path}.tid"),
+            reads=self.ids(args.get("reads", []), f"{ap}.reads"),
+            writes=self.ids(args.get("writes", []), f"{ap}.writes"),
+            frees=self.ids(args.get("frees", []), f"{ap}.frees"),
+            deps=self.ids(args.get("deps", []), f"{ap}.deps"),
+            kernels=tuple(kernels),
+            flops=self.number(args.get("flops", 0.0), f"{ap}.flops"),
+            dram_bytes=self.number(args.get("dram_bytes", 0.0), f"{ap}.dram_bytes"),
+            attrs=tuple(sorted(attrs.items())))
+
+    def copy(self, ev: dict[str, Any], path: str) -> Copy:
+        args = self.obj(self.key(ev, "args", path), f"{path}.args")
+        ap = f"{path}.args"
+        return Copy(
+            tensor=self.integer(self.key(args, "tensor", ap), f"{ap}.tensor"),
+            direction=self.string(self.key(args, "direction", ap), f"{ap}.direction",
+                                  COPY_DIRECTIONS),
+            size_bytes=self.integer(self.key(args, "bytes", ap), f"{ap}.bytes"),
+            start_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
+            dur_us=self.number(self.key(ev, "dur", path), f"{path}.dur"),
+            stream=self.integer(self.key(ev, "tid", path), f"{path}.tid"))
+
+    def mem(self, ev: dict[str, Any], path: str) -> MemEvent:
+        args = self.obj(self.key(ev, "args", path), f"{path}.args")
+        ap = f"{path}.args"
+        tensor, op = args.get("tensor"), args.get("op")
+        return MemEvent(
+            action=self.string(self.key(ev, "name", path), f"{path}.name", MEM_ACTIONS),
+            time_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
+            addr=self.integer(self.key(args, "addr", ap), f"{ap}.addr"),
+            size_bytes=self.integer(self.key(args, "bytes", ap), f"{ap}.bytes"),
+            stream=self.integer(args.get("stream", 0), f"{ap}.stream"),
+            tensor=None if tensor is None else self.integer(tensor, f"{ap}.tensor"),
+            op=None if op is None else self.integer(op, f"{ap}.op"))
+
+    def check_graph(self, tensors: tuple[Tensor, ...], ops: list[tuple[Op, str]]) -> None:
+        """Ids unique and known, deps only backwards, producers consistent, no use after free."""
+        by_id: dict[int, Tensor] = {}
+        for i, t in enumerate(tensors):
+            if t.id in by_id:
+                raise self.fail(f"vsim.tensors[{i}].id", f"duplicate tensor id {t.id}")
+            by_id[t.id] = t
+        op_ids: set[int] = set()
+        last = -1
+        freed: dict[int, int] = {}
+        for op, path in ops:
+            if op.id in op_ids:
+                raise self.fail(f"{path}.args.op", f"duplicate op id {op.id}")
+            if op.id <= last:
+                raise self.fail(f"{path}.args.op", f"op ids must increase in trace order "
+                                f"({op.id} after {last})")
+            last = op.id
+            for j, dep in enumerate(op.deps):
+                if dep not in op_ids:
+                    raise self.fail(f"{path}.args.deps[{j}]", f"op {dep} is not an earlier op "
+                                    "(dependencies must point backwards; a cycle or unknown op)")
+            for field_name in ("reads", "writes", "frees"):
+                for j, tid in enumerate(getattr(op, field_name)):
+                    fp = f"{path}.args.{field_name}[{j}]"
+                    if tid not in by_id:
+                        raise self.fail(fp, f"tensor {tid} does not exist")
+                    if tid in freed and field_name != "writes":
+                        raise self.fail(fp, f"tensor {tid} was freed by op {freed[tid]}")
+            for j, tid in enumerate(op.writes):
+                if by_id[tid].producer != op.id:
+                    raise self.fail(f"{path}.args.writes[{j}]",
+                                    f"tensor {tid} lists producer {by_id[tid].producer}, "
+                                    f"not op {op.id}")
+            for tid in op.frees:
+                freed[tid] = op.id
+            op_ids.add(op.id)
+        for i, t in enumerate(tensors):
+            if t.producer is not None and t.producer not in op_ids:
+                raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not exist")
+            for j, c in enumerate(t.consumers):
+                if c not in op_ids:
+                    raise self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
