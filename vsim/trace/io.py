@@ -345,6 +345,10 @@ class _Reader:
                         raise self.fail(fp, f"tensor {tid} does not exist")
                     if tid in freed and field_name != "writes":
                         raise self.fail(fp, f"tensor {tid} was freed by op {freed[tid]}")
+                    producer = by_id[tid].producer
+                    if field_name != "writes" and producer is not None and \
+                            producer != op.id and producer not in op_ids:
+                        raise self.fail(fp, f"tensor {tid} is produced later, by op {producer}")
             for j, tid in enumerate(op.writes):
                 if by_id[tid].producer != op.id:
                     raise self.fail(f"{path}.args.writes[{j}]",

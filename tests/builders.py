@@ -1,0 +1,55 @@
+"""Small traces built in code for tests: every number is chosen so the answer can be worked out
+by hand in the test's comment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vsim.trace.schema import Op, Tensor, Trace
+
+
+def op(id: int, start: float, dur: float, layer: str = "", layer_type: str = "other",
+       phase: str = "fwd", **kw: Any) -> Op:
+    return Op(id=id, name=kw.pop("name", f"op{id}"), layer=layer or f"l{id}",
+              layer_type=layer_type, phase=phase, start_us=start, dur_us=dur, **kw)
+
+
+def tensor(id: int, size: int, kind: str = "activation", producer: int | None = None,
+           consumers: tuple[int, ...] = ()) -> Tensor:
+    return Tensor(id=id, size_bytes=size, kind=kind, name=f"t{id}", producer=producer,
+                  consumers=consumers)
+
+
+def trace(ops: list[Op], tensors: list[Tensor], **meta: Any) -> Trace:
+    return Trace(meta={"source": "synthetic", "model": "test", **meta}, tensors=tuple(tensors),
+                 ops=tuple(ops))
+
+
+def chain(n_layers: int, act_bytes: int, fwd_us: float, bwd_us: float,
+          weight_bytes: int = 0, layer_type: str = "conv") -> Trace:
+    """A straight network: layer i's forward reads activation i and writes i+1 (saved for its
+    backward); backward runs in reverse and frees the activation it read. Input is tensor 0."""
+    tensors = [tensor(0, act_bytes, "input")]
+    ops: list[Op] = []
+    t = 0.0
+    for i in range(n_layers):
+        tensors.append(tensor(i + 1, act_bytes, "activation", producer=i))
+        ops.append(op(i, t, fwd_us, layer=f"layer{i}", layer_type=layer_type,
+                      reads=(i,), writes=(i + 1,)))
+        t += fwd_us
+    for j in range(n_layers):
+        i = n_layers - 1 - j
+        oid = n_layers + j
+        frees = (i + 1,) if i + 1 < n_layers else (i + 1,)
+        ops.append(op(oid, t, bwd_us, layer=f"layer{i}", layer_type=layer_type, phase="bwd",
+                      reads=(i, i + 1), frees=frees))
+        t += bwd_us
+    consumers: dict[int, list[int]] = {}
+    for o in ops:
+        for r in o.reads:
+            consumers.setdefault(r, []).append(o.id)
+    tensors = [Tensor(x.id, x.size_bytes, x.kind, x.name, x.producer,
+                      tuple(consumers.get(x.id, []))) for x in tensors]
+    if weight_bytes:
+        tensors.append(tensor(len(tensors), weight_bytes, "weight"))
+    return trace(ops, tensors)

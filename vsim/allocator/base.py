@@ -1,0 +1,72 @@
+"""The allocator interface the engine drives, and the registry of allocator models.
+
+An allocator manages device memory of a fixed capacity. `malloc` returns a block handle or None
+when the request cannot be served (out of memory); `free` returns a block. `allocated_bytes` is
+what live blocks hold (PyTorch's memory_allocated), `reserved_bytes` what the allocator took from
+the device (memory_reserved). For every allocator: allocated + free inside segments == reserved
+<= capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..policies.base import describe, parse_spec
+
+
+class Allocator:
+    """Base of the allocator models. Subclasses are mutable state machines; their config is
+    given by the frozen spec dataclass that builds them."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.segment_allocs = 0  # cudaMalloc calls, for their time cost
+
+    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
+        raise NotImplementedError
+
+    def free(self, block: object) -> None:
+        raise NotImplementedError
+
+    def block_size(self, block: object) -> int:
+        raise NotImplementedError
+
+    def largest_free_bytes(self) -> int:
+        """The largest request that would succeed now (for out-of-memory reports)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AllocatorSpec:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def build(self, capacity_bytes: int) -> Allocator:
+        raise NotImplementedError
+
+
+_ALLOCATORS: dict[str, type[AllocatorSpec]] = {}
+
+
+def register_allocator(cls: type[AllocatorSpec]) -> type[AllocatorSpec]:
+    if cls.name in _ALLOCATORS:
+        raise TypeError(f"allocator {cls.name!r} registered twice")
+    _ALLOCATORS[cls.name] = cls
+    return cls
+
+
+def allocator_registry() -> dict[str, type[AllocatorSpec]]:
+    return dict(_ALLOCATORS)
+
+
+def make_allocator(spec: str) -> AllocatorSpec:
+    """'caching:round=512' -> the spec object; PolicyError lists valid names and keys."""
+    result: AllocatorSpec = parse_spec(spec, _ALLOCATORS, "allocator")
+    return result
+
+
+def describe_allocator(cls: type[AllocatorSpec]) -> dict[str, object]:
+    return describe(cls)

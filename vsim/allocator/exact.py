@@ -1,0 +1,39 @@
+"""`exact`: no fragmentation and no rounding. The optimistic bound: a request fails only when the
+bytes of live tensors would exceed the capacity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Allocator, AllocatorSpec, register_allocator
+
+
+class ExactAllocator(Allocator):
+    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
+        if self.allocated_bytes + size_bytes > self.capacity_bytes:
+            return None
+        self.allocated_bytes += size_bytes
+        self.reserved_bytes = self.allocated_bytes
+        return size_bytes
+
+    def free(self, block: object) -> None:
+        assert isinstance(block, int)
+        self.allocated_bytes -= block
+        self.reserved_bytes = self.allocated_bytes
+
+    def block_size(self, block: object) -> int:
+        assert isinstance(block, int)
+        return block
+
+    def largest_free_bytes(self) -> int:
+        return self.capacity_bytes - self.allocated_bytes
+
+
+@register_allocator
+@dataclass(frozen=True)
+class Exact(AllocatorSpec):
+    name = "exact"
+    description = "no fragmentation, no rounding: fails only when live bytes exceed the capacity"
+
+    def build(self, capacity_bytes: int) -> Allocator:
+        return ExactAllocator(capacity_bytes)

@@ -1,0 +1,122 @@
+"""Run a simulation: trace + hardware + policy + allocator + capacity -> report and predicted trace.
+
+A simulation is a pure function of its inputs: the same inputs give byte-identical reports and
+predicted traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .. import metrics
+from ..allocator.base import AllocatorSpec
+from ..errors import ConfigError
+from ..hardware import Hardware
+from ..policies.base import Policy
+from ..trace.schema import Op, Tensor, Trace
+from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, PlanError
+
+__all__ = ["SimResult", "simulate", "PlanError"]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    report: dict[str, Any]
+    predicted: Trace
+
+
+def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
+             capacity_bytes: int | None = None) -> SimResult:
+    """Simulate one iteration. `capacity_bytes` defaults to what the GPU leaves a process.
+    ConfigError when the capacity is impossible; out of memory is a result (fits false)."""
+    capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
+    if capacity <= 0:
+        raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
+    plan = policy.plan(trace, hw, capacity)
+    out = Engine(trace, hw, plan, allocator.build(capacity)).run()
+    predicted = _predicted_trace(trace, hw, policy, allocator, capacity, out)
+    report = metrics.summary(predicted)
+    report.update({
+        "pinned_host_peak_bytes": max(out.memory.host_peak_bytes, plan.pinned_pool_bytes),
+        "fits": out.oom is None,
+        "oom": None if out.oom is None else out.oom.to_json(),
+        "policy": policy.spec(),
+        "allocator": allocator_spec_string(allocator),
+        "hardware": hw.name,
+        "capacity_bytes": capacity,
+        "retargeted_from": trace.meta.get("retargeted_from"),
+        "notes": out.notes,
+        "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},
+        "measured": None if trace.measured is None else {
+            "iteration_time_us": trace.measured.iteration_time_us,
+            "peak_allocated_bytes": trace.measured.peak_allocated_bytes,
+            "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
+    })
+    return SimResult(report=report, predicted=predicted)
+
+
+def allocator_spec_string(spec: AllocatorSpec) -> str:
+    params = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
+    return f"{spec.name}:{params}" if params else spec.name
+
+
+def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
+                     capacity: int, out: EngineOutput) -> Trace:
+    """Ops renumbered in execution order (recomputations get their own ids), original tensors
+    with producers and consumers mapped to the new ids, copies and allocator events as run."""
+    new_id: dict[int, int] = {}
+    ops: list[Op] = []
+    for i, ex in enumerate(sorted(out.executed, key=lambda e: (e.start_us, e.op.stream))):
+        op = ex.op
+        attrs = dict(op.attrs)
+        attrs["stall_us"] = ex.stall_us
+        attrs["trace_op"] = op.id
+        if ex.recompute_of is not None:
+            attrs["recompute_of"] = ex.recompute_of
+            ops.append(Op(id=i, name=f"recompute {op.name}", layer=op.layer,
+                          layer_type=op.layer_type, phase=op.phase, start_us=ex.start_us,
+                          dur_us=ex.dur_us, stream=op.stream, reads=(), kernels=(),
+                          attrs=tuple(sorted(attrs.items()))))
+            continue
+        new_id[op.id] = i
+        ops.append(Op(id=i, name=op.name, layer=op.layer, layer_type=op.layer_type,
+                      phase=op.phase, start_us=ex.start_us, dur_us=ex.dur_us, stream=op.stream,
+                      reads=op.reads, writes=op.writes, frees=op.frees,
+                      deps=tuple(new_id[d] for d in op.deps if d in new_id), kernels=(),
+                      flops=op.flops, dram_bytes=op.dram_bytes,
+                      attrs=tuple(sorted(attrs.items()))))
+    ran = set(new_id)
+    # An out-of-memory run stops part-way: keep only what happened, so the trace stays valid.
+    ops = [_trim(op, ran, trace) for op in ops]
+    tensors = tuple(
+        Tensor(t.id, t.size_bytes, t.kind, t.name,
+               None if t.producer is None else new_id.get(t.producer),
+               tuple(new_id[c] for c in t.consumers if c in new_id))
+        for t in trace.tensors if t.producer is None or t.producer in ran)
+    meta = dict(trace.meta)
+    meta.update({"source": "predicted", "predicted_from": trace.meta.get("source"),
+                 "policy": policy.spec(), "allocator": allocator_spec_string(allocator),
+                 "hardware": hw.name, "capacity_bytes": capacity,
+                 "stream_names": {**trace.meta.get("stream_names", {}),
+                                  "0": "compute", str(H2D_STREAM): "H2D copies",
+                                  str(D2H_STREAM): "D2H copies"}})
+    predicted = Trace(meta=meta, tensors=tensors, ops=tuple(ops), measured=trace.measured,
+                      copies=tuple(sorted(out.copies, key=lambda c: (c.start_us, c.stream))),
+                      mem_events=tuple(out.memory.events))
+    # Memory counters for viewing in Perfetto: the last state at each distinct time.
+    points = {t: (a, r) for t, a, r in metrics.memory_curve(predicted)}
+    counters = tuple({"name": "device memory", "ph": "C", "ts": t, "pid": 1,
+                      "args": {"allocated_MiB": round(a / 2**20, 3),
+                               "reserved_MiB": round(r / 2**20, 3)}}
+                     for t, (a, r) in sorted(points.items()))
+    return dataclasses.replace(predicted, counters=counters)
+
+
+def _trim(op: Op, ran: set[int], trace: Trace) -> Op:
+    if not op.writes:
+        return op
+    by_id = trace.tensor_by_id()
+    writes = tuple(t for t in op.writes if by_id[t].producer in ran)
+    return op if writes == op.writes else Op(**{**op.__dict__, "writes": writes})

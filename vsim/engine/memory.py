@@ -1,0 +1,89 @@
+"""Device memory as the engine sees it: the allocator, where each tensor lives, pinned host bytes,
+and the log of allocator events from which the predicted trace and its metrics are built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..allocator.base import Allocator
+from ..trace.schema import MemEvent
+
+# Where a tensor is. 'offloading': on the device with a D2H copy in flight; 'prefetching': device
+# memory taken, H2D copy in flight.
+UNBORN, DEVICE, OFFLOADING, HOST, PREFETCHING, DROPPED, FREED = (
+    "unborn", "device", "offloading", "host", "prefetching", "dropped", "freed")
+RESIDENT = (DEVICE, OFFLOADING)
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """Where the run stopped: the op (None: before the first op), the request, what was free."""
+
+    op: int | None
+    tensor: int
+    need_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"op": self.op, "tensor": self.tensor, "need_bytes": self.need_bytes,
+                "free_bytes": self.free_bytes, "largest_free_bytes": self.largest_free_bytes}
+
+
+class DeviceMemory:
+    """Allocator plus residency. Methods return False/None instead of raising on out of memory
+    so that the engine can turn it into a result."""
+
+    def __init__(self, allocator: Allocator) -> None:
+        self.allocator = allocator
+        self.blocks: dict[int, object] = {}
+        self.state: dict[int, str] = {}
+        self.events: list[MemEvent] = []
+        self.host_bytes = 0
+        self.host_peak_bytes = 0
+        self._reserved_seen = 0
+
+    def where(self, tensor: int) -> str:
+        return self.state.get(tensor, UNBORN)
+
+    def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
+                 state: str = DEVICE) -> bool:
+        block = self.allocator.malloc(size_bytes)
+        if block is None:
+            return False
+        self.blocks[tensor] = block
+        self.state[tensor] = state
+        self._segment_change(now)
+        self.events.append(MemEvent("alloc", now, 0, self.allocator.block_size(block),
+                                    tensor=tensor, op=op))
+        return True
+
+    def release(self, tensor: int, now: float, op: int | None, new_state: str) -> None:
+        """Return the device copy (if any) and move the tensor to `new_state`."""
+        block = self.blocks.pop(tensor, None)
+        if block is not None:
+            size = self.allocator.block_size(block)
+            self.allocator.free(block)
+            self.events.append(MemEvent("free_completed", now, 0, size, tensor=tensor, op=op))
+            self._segment_change(now)
+        self.state[tensor] = new_state
+
+    def _segment_change(self, now: float) -> None:
+        reserved = self.allocator.reserved_bytes
+        if reserved != self._reserved_seen:
+            action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
+            self.events.append(MemEvent(action, now, 0, abs(reserved - self._reserved_seen)))
+            self._reserved_seen = reserved
+
+    def pin(self, size_bytes: int) -> None:
+        self.host_bytes += size_bytes
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+
+    def unpin(self, size_bytes: int) -> None:
+        self.host_bytes -= size_bytes
+
+    def oom(self, op: int | None, tensor: int, need_bytes: int) -> OutOfMemory:
+        a = self.allocator
+        return OutOfMemory(op=op, tensor=tensor, need_bytes=need_bytes,
+                           free_bytes=a.capacity_bytes - a.allocated_bytes,
+                           largest_free_bytes=a.largest_free_bytes())

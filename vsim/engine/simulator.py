@@ -1,0 +1,322 @@
+"""Replay a trace under a plan on a SimPy model of one GPU: streams, copy engines, memory.
+
+Each CUDA stream of the trace is a SimPy process that runs its ops in trace order. An op starts at
+the latest of: the previous op on its stream ending plus the recorded launch gap (the GPU idle time
+before it in the recording), its dependencies finishing, and the prefetches it needs arriving;
+waiting beyond the gap is stall time. Then its outputs are allocated, the copies the plan issues
+at it start, it runs for its (possibly retimed) duration, and the tensors it frees are released.
+A failed allocation ends the run with an OutOfMemory result rather than an exception.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Generator
+
+import simpy
+
+from ..allocator.base import Allocator
+from ..hardware import Hardware
+from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
+from ..trace.schema import Copy, Op, Tensor, Trace
+from .link import Link
+from .memory import (
+    DEVICE, DROPPED, FREED, HOST, OFFLOADING, PREFETCHING, RESIDENT, DeviceMemory, OutOfMemory,
+)
+
+H2D_STREAM, D2H_STREAM = 1, 2
+
+
+class PlanError(Exception):
+    """The plan broke an invariant (an op read a tensor that was not on the GPU). A bug in a
+    policy, not bad user input."""
+
+
+@dataclass
+class _ExecutedOp:
+    op: Op
+    start_us: float
+    dur_us: float
+    stall_us: float
+    recompute_of: int | None = None
+
+
+@dataclass
+class EngineOutput:
+    """Raw outcome of a run; vsim.engine.run turns it into a predicted trace and a report."""
+
+    executed: list[_ExecutedOp]
+    copies: list[Copy]
+    memory: DeviceMemory
+    oom: OutOfMemory | None
+    end_us: float
+    notes: list[str] = field(default_factory=list)
+
+
+class _PlanIndex:
+    """The plan's actions grouped by the op they hang on."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.offload_at: dict[int, list[Offload]] = defaultdict(list)
+        self.offload_after: dict[int, list[Offload]] = defaultdict(list)
+        self.prefetch_at: dict[int, list[Prefetch]] = defaultdict(list)
+        self.needs: dict[int, list[int]] = defaultdict(list)
+        self.sync_after: set[int] = set()
+        self.drop_after: dict[int, list[int]] = defaultdict(list)
+        self.release_after: dict[int, list[int]] = defaultdict(list)
+        self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
+        self.retime: dict[int, Retime] = {}
+        for a in plan.actions:
+            if isinstance(a, Offload):
+                (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)
+            elif isinstance(a, Prefetch):
+                self.prefetch_at[a.at_op].append(a)
+                self.needs[a.needed_by].append(a.tensor)
+            elif isinstance(a, Sync):
+                self.sync_after.add(a.after_op)
+            elif isinstance(a, Drop):
+                self.drop_after[a.after_op].append(a.tensor)
+            elif isinstance(a, Release):
+                self.release_after[a.after_op].append(a.tensor)
+            elif isinstance(a, Recompute):
+                self.recompute_before[a.before_op].append(a)
+            elif isinstance(a, Retime):
+                self.retime[a.op] = a
+
+
+class Engine:
+    """One simulation. Build it, call run() once."""
+
+    def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator) -> None:
+        self.trace = trace
+        self.hw = hw
+        self.plan = plan
+        self.index = _PlanIndex(plan)
+        self.env = simpy.Environment()
+        self.link = Link(self.env, hw)
+        self.memory = DeviceMemory(allocator)
+        self.tensors: dict[int, Tensor] = trace.tensor_by_id()
+        self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
+        self.done: dict[int, simpy.Event] = {op.id: self.env.event() for op in trace.ops}
+        self.offloaded: dict[int, simpy.Event] = {}   # D2H copy finished and device copy released
+        self.prefetched: dict[int, simpy.Event] = {}  # H2D copy finished
+        self.free_pending: set[int] = set()           # freed by the trace while a copy reads it
+        self.executed: list[_ExecutedOp] = []
+        self.copies: list[Copy] = []
+        self.oom: OutOfMemory | None = None
+        self.halt = self.env.event()
+        self.gaps = self._launch_gaps()
+
+    # ------------------------------------------------------------ setup
+
+    def _launch_gaps(self) -> dict[int, float]:
+        """GPU idle time before each op in the recording, on its own stream."""
+        gaps: dict[int, float] = {}
+        last_end: dict[int, float] = {}
+        for op in self.trace.ops:
+            prev = last_end.get(op.stream, 0.0)
+            gaps[op.id] = max(0.0, op.start_us - prev)
+            last_end[op.stream] = max(prev, op.start_us + op.dur_us)
+        return gaps
+
+    def run(self) -> EngineOutput:
+        if self._allocate_resident():
+            streams: dict[int, list[Op]] = defaultdict(list)
+            for op in self.trace.ops:
+                streams[op.stream].append(op)
+            procs = [self.env.process(self._stream(ops)) for ops in streams.values()]
+            self.env.process(self._finish(procs))
+            self.env.run(until=self.halt)
+        end = max([e.start_us + e.dur_us for e in self.executed] +
+                  [c.start_us + c.dur_us for c in self.copies] + [0.0])
+        return EngineOutput(self.executed, self.copies, self.memory, self.oom, end,
+                            list(self.plan.notes))
+
+    def _finish(self, procs: list[simpy.Process]) -> Generator[simpy.Event, Any, None]:
+        yield self.env.all_of(procs)
+        if not self.halt.triggered:
+            self.halt.succeed()
+
+    def _allocate_resident(self) -> bool:
+        """Weights, optimizer state, inputs: on the GPU before the first op."""
+        for t in self.trace.tensors:
+            if t.producer is None and not self._alloc(t.id, None):
+                return False
+        return True
+
+    # ------------------------------------------------------------ memory helpers
+
+    def _alloc(self, tensor: int, op: int | None, state: str = DEVICE) -> bool:
+        size = self.tensors[tensor].size_bytes
+        if self.memory.allocate(tensor, size, self.env.now, op, state):
+            return True
+        self.oom = self.memory.oom(op, tensor, size)
+        if not self.halt.triggered:
+            self.halt.succeed()
+        return False
+
+    def _free(self, tensor: int, op: int | None) -> None:
+        """The trace (or a Release) frees the tensor wherever it is."""
+        where = self.memory.where(tensor)
+        if where == OFFLOADING or where == PREFETCHING:
+            self.free_pending.add(tensor)  # released when the copy ends
+        elif where == HOST:
+            self.memory.unpin(self.tensors[tensor].size_bytes)
+            self.memory.release(tensor, self.env.now, op, FREED)
+        elif where in (DEVICE, DROPPED):
+            self.memory.release(tensor, self.env.now, op, FREED)
+
+    # ------------------------------------------------------------ compute streams
+
+    def _stream(self, ops: list[Op]) -> Generator[simpy.Event, Any, None]:
+        prev_end = 0.0
+        for op in ops:
+            ready = prev_end + self.gaps[op.id]
+            if ready > self.env.now:
+                yield self.env.timeout(ready - self.env.now)
+            waits = [self.done[d] for d in op.deps if not self.done[d].triggered]
+            waits += self._reads_ready(op)
+            if waits:
+                yield self.env.all_of(waits)
+            stall = self.env.now - ready
+            for rc in self.index.recompute_before.get(op.id, []):
+                if not (yield from self._recompute(rc, op)):
+                    return
+            if not self._allocate_outputs(op):
+                return
+            for off in self.index.offload_at.get(op.id, []):
+                self.env.process(self._offload(off))
+            for pre in self.index.prefetch_at.get(op.id, []):
+                if not self._issue_prefetch(pre):
+                    return
+            dur = self._duration(op)
+            start = self.env.now
+            if dur > 0:
+                yield self.env.timeout(dur)
+            self.executed.append(_ExecutedOp(op, start, dur, stall))
+            self._after(op)
+            if op.id in self.index.sync_after:
+                sync_start = self.env.now
+                inflight = [e for e in list(self.offloaded.values()) + list(self.prefetched.values())
+                            if not e.triggered]
+                if inflight:
+                    yield self.env.all_of(inflight)
+                self.executed[-1].stall_us += self.env.now - sync_start
+            prev_end = self.env.now
+            self.done[op.id].succeed()
+
+    def _reads_ready(self, op: Op) -> list[simpy.Event]:
+        """Events the op must wait for so that everything it reads is on the GPU."""
+        waits = []
+        needed = set(op.reads) | set(self.index.needs.get(op.id, []))
+        for t in sorted(needed):
+            where = self.memory.where(t)
+            if where in RESIDENT:
+                continue
+            if where == PREFETCHING or (t in self.prefetched and not self.prefetched[t].triggered):
+                waits.append(self.prefetched[t])
+            elif t in op.reads:
+                raise PlanError(f"op {op.id} ({op.name}, layer {op.layer}) reads tensor {t} "
+                                f"which is {where}, and no prefetch brings it back")
+        return waits
+
+    def _allocate_outputs(self, op: Op) -> bool:
+        retime = self.index.retime.get(op.id)
+        for t in op.writes:
+            if retime is not None and retime.workspace_bytes == 0 \
+                    and self.tensors[t].kind == "workspace":
+                continue  # the workspace-free algorithm needs none
+            if not self._alloc(t, op.id):
+                return False
+        return True
+
+    def _duration(self, op: Op) -> float:
+        retime = self.index.retime.get(op.id)
+        dur = retime.dur_us if retime is not None else op.dur_us
+        # Copies take DRAM bandwidth from compute (vDNN Sec. 5: at most link/DRAM bandwidth).
+        if self.link.active and self.hw.copy_interference:
+            dur *= 1.0 + self.hw.copy_interference
+        return dur
+
+    def _after(self, op: Op) -> None:
+        now = self.env.now
+        for off in self.index.offload_after.get(op.id, []):
+            self.env.process(self._offload(off))
+        for t in op.frees:
+            self._free(t, op.id)
+        for t in self.index.release_after.get(op.id, []):
+            self._free(t, op.id)
+        for t in self.index.drop_after.get(op.id, []):
+            if self.memory.where(t) == DEVICE:
+                self.memory.release(t, now, op.id, DROPPED)
+
+    def _recompute(self, rc: Recompute, before: Op) -> Generator[simpy.Event, Any, bool]:
+        for t in rc.tensors:
+            if self.memory.where(t) == DROPPED and not self._alloc(t, before.id):
+                return False
+        for op_id in rc.ops:
+            op = self.ops[op_id]
+            start = self.env.now
+            dur = self._duration(op)
+            if dur > 0:
+                yield self.env.timeout(dur)
+            self.executed.append(_ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+        return True
+
+    # ------------------------------------------------------------ copies
+
+    def _offload(self, off: Offload) -> Generator[simpy.Event, Any, None]:
+        t = off.tensor
+        if self.memory.where(t) != DEVICE:
+            return
+        done = self.offloaded[t] = self.env.event()
+        size = self.tensors[t].size_bytes
+        self.memory.state[t] = OFFLOADING
+        if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
+            yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
+        if not self.plan.pinned_pool_bytes:
+            self.memory.pin(size)
+        start, end = yield from self.link.copy("d2h", size)
+        self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
+        release_after = off.release_after if off.release_after is not None else off.at_op
+        if not self.done[release_after].triggered:
+            yield self.done[release_after]
+        if t in self.free_pending:
+            self.free_pending.discard(t)
+            if not self.plan.pinned_pool_bytes:
+                self.memory.unpin(size)
+            self.memory.release(t, self.env.now, release_after, FREED)
+        else:
+            self.memory.release(t, self.env.now, release_after, HOST)
+        done.succeed()
+
+    def _issue_prefetch(self, pre: Prefetch) -> bool:
+        t = pre.tensor
+        if t in self.prefetched and not self.prefetched[t].triggered:
+            return True
+        self.prefetched[t] = self.env.event()
+        self.env.process(self._prefetch(pre))
+        return True
+
+    def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
+        t = pre.tensor
+        done = self.prefetched[t]
+        pending = self.offloaded.get(t)
+        if pending is not None and not pending.triggered:
+            yield pending  # the data must have left before it can come back
+        if self.memory.where(t) != HOST:
+            done.succeed()
+            return
+        if not self._alloc(t, pre.at_op, PREFETCHING):
+            return
+        size = self.tensors[t].size_bytes
+        start, end = yield from self.link.copy("h2d", size)
+        self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
+        if not self.plan.pinned_pool_bytes:
+            self.memory.unpin(size)
+        self.memory.state[t] = DEVICE
+        if t in self.free_pending:
+            self.free_pending.discard(t)
+            self.memory.release(t, self.env.now, pre.needed_by, FREED)
+        done.succeed()

@@ -1,0 +1,93 @@
+"""Metrics as pure functions of a trace (predicted or measured): times in us, sizes in bytes.
+
+The same functions score a simulation's predicted trace and a measured run, so that validation
+compares like with like.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .trace.schema import Trace
+
+
+def iteration_time_us(trace: Trace) -> float:
+    """From time 0 to the end of the last op or copy, plus the recorded idle tail
+    (meta.iteration_tail_us: host work after the last kernel before the next iteration)."""
+    ends = [op.start_us + op.dur_us for op in trace.ops]
+    ends += [c.start_us + c.dur_us for c in trace.copies]
+    return max(ends, default=0.0) + float(trace.meta.get("iteration_tail_us", 0.0))
+
+
+def compute_time_us(trace: Trace) -> float:
+    return sum(op.dur_us for op in trace.ops)
+
+
+def stall_time_us(trace: Trace) -> float:
+    """Time ops waited for copies, synchronisations or other streams beyond their launch gap."""
+    return sum(float(op.attr("stall_us", 0.0)) for op in trace.ops)
+
+
+def recompute_time_us(trace: Trace) -> float:
+    return sum(op.dur_us for op in trace.ops if op.attr("recompute_of") is not None)
+
+
+def bytes_moved(trace: Trace, direction: str) -> int:
+    return sum(c.size_bytes for c in trace.copies if c.direction == direction)
+
+
+def memory_curve(trace: Trace) -> list[tuple[float, int, int]]:
+    """(time_us, allocated_bytes, reserved_bytes) after each allocator event, in time order.
+    Reserved follows segment events; a trace without them reserves what it allocates."""
+    allocated = reserved = 0
+    has_segments = any(e.action in ("segment_alloc", "segment_free") for e in trace.mem_events)
+    curve = []
+    for e in sorted(trace.mem_events, key=lambda e: e.time_us):
+        if e.action == "alloc":
+            allocated += e.size_bytes
+        elif e.action == "free_completed":
+            allocated -= e.size_bytes
+        elif e.action == "segment_alloc":
+            reserved += e.size_bytes
+        elif e.action == "segment_free":
+            reserved -= e.size_bytes
+        else:
+            continue
+        curve.append((e.time_us, allocated, reserved if has_segments else allocated))
+    return curve
+
+
+def peak_allocated_bytes(trace: Trace) -> int:
+    return max((a for _, a, _ in memory_curve(trace)), default=0)
+
+
+def peak_reserved_bytes(trace: Trace) -> int:
+    return max((r for _, _, r in memory_curve(trace)), default=0)
+
+
+def avg_allocated_bytes(trace: Trace) -> float:
+    """Time-weighted mean of allocated bytes over [0, iteration end]."""
+    end = iteration_time_us(trace)
+    if end <= 0:
+        return 0.0
+    total, last_t, last_a = 0.0, 0.0, 0
+    for t, a, _ in memory_curve(trace):
+        total += last_a * (min(t, end) - last_t)
+        last_t, last_a = min(t, end), a
+    total += last_a * (end - last_t)
+    return total / end
+
+
+def summary(trace: Trace) -> dict[str, Any]:
+    """The metric part of a `vsim run --json` report."""
+    return {
+        "iteration_time_us": iteration_time_us(trace),
+        "compute_time_us": compute_time_us(trace),
+        "stall_time_us": stall_time_us(trace),
+        "recompute_time_us": recompute_time_us(trace),
+        "peak_allocated_bytes": peak_allocated_bytes(trace),
+        "peak_reserved_bytes": peak_reserved_bytes(trace),
+        "avg_allocated_bytes": avg_allocated_bytes(trace),
+        "h2d_bytes": bytes_moved(trace, "h2d"),
+        "d2h_bytes": bytes_moved(trace, "d2h"),
+    }
