@@ -91,3 +91,17 @@ def summary(trace: Trace) -> dict[str, Any]:
         "h2d_bytes": bytes_moved(trace, "h2d"),
         "d2h_bytes": bytes_moved(trace, "d2h"),
     }
+
+
+def liveness_peak_bytes(trace: Trace) -> int:
+    """Peak of live tensor bytes over the op sequence with the trace's own lifetimes (no policy,
+    no fragmentation): resident tensors from the start, outputs from their producer's start,
+    frees at the freeing op's end. What `vsim run --policy none --allocator exact` reports."""
+    live = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    size = {t.id: t.size_bytes for t in trace.tensors}
+    peak = live
+    for op in trace.ops:
+        live += sum(size[t] for t in op.writes)
+        peak = max(peak, live)
+        live -= sum(size[t] for t in op.frees)
+    return peak

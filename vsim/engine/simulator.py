@@ -175,6 +175,10 @@ class Engine:
             ready = prev_end + self.gaps[op.id]
             if ready > self.env.now:
                 yield self.env.timeout(ready - self.env.now)
+            # Prefetches hang on the op's launch: issued before it waits for anything, so that
+            # an op can also fetch what it needs itself (at_op == needed_by).
+            for pre in self.index.prefetch_at.get(op.id, []):
+                self._issue_prefetch(pre)
             waits = [self.done[d] for d in op.deps if not self.done[d].triggered]
             waits += self._reads_ready(op)
             if waits:
@@ -187,9 +191,6 @@ class Engine:
                 return
             for off in self.index.offload_at.get(op.id, []):
                 self.env.process(self._offload(off))
-            for pre in self.index.prefetch_at.get(op.id, []):
-                if not self._issue_prefetch(pre):
-                    return
             dur = self._duration(op)
             start = self.env.now
             if dur > 0:
@@ -291,13 +292,12 @@ class Engine:
             self.memory.release(t, self.env.now, release_after, HOST)
         done.succeed()
 
-    def _issue_prefetch(self, pre: Prefetch) -> bool:
+    def _issue_prefetch(self, pre: Prefetch) -> None:
         t = pre.tensor
         if t in self.prefetched and not self.prefetched[t].triggered:
-            return True
+            return  # already on its way
         self.prefetched[t] = self.env.event()
         self.env.process(self._prefetch(pre))
-        return True
 
     def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
         t = pre.tensor

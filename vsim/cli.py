@@ -1,0 +1,308 @@
+"""The `vsim` command line: the only module that prints.
+
+Bad input (files, names, options) ends with one line `vsim: error: FILE: PLACE: what` on stderr
+and exit code 2; nothing is written half-way because every output is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import __version__
+from .errors import ConfigError, VsimError
+from .units import format_size, format_time, parse_size
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        result: int = args.handler(args)
+        return result
+    except VsimError as exc:
+        print(f"vsim: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("vsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vsim", description="Trace-driven simulator of GPU memory virtualization for DNN "
+        "training (vDNN, vDNN++, SuperNeurons, recomputation, ...).")
+    parser.add_argument("--version", action="version", version=f"vsim {__version__}")
+    verbs = parser.add_subparsers(title="verbs", metavar="VERB")
+
+    p = verbs.add_parser("run", help="simulate a trace under a policy")
+    p.add_argument("trace", help="trace file (.vsim.json.gz)")
+    p.add_argument("--hw", required=True, help="hardware profile name (see `vsim list`) or path")
+    p.add_argument("--memory", help="device capacity to simulate, e.g. 12GiB (default: the "
+                   "profile's memory less the CUDA context)")
+    p.add_argument("--policy", action="append", help="policy spec NAME[:key=value,...]; give "
+                   "several to compare them side by side (default: none)")
+    p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
+                   "when several policies are given)")
+    p.add_argument("--timeline", help="write the predicted trace (Perfetto-viewable) here")
+    p.add_argument("--plot", help="write a PNG of memory over time and stream activity here")
+    p.set_defaults(handler=cmd_run)
+
+    p = verbs.add_parser("inspect", help="validate and summarise a trace")
+    p.add_argument("trace")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_inspect)
+
+    p = verbs.add_parser("list", help="policies, allocators, hardware profiles and models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_list)
+
+    p = verbs.add_parser("record", help="record a training iteration into a trace (needs torch)")
+    p.add_argument("model", help="zoo model name, torchvision name or module:callable")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10, help="timed iterations for `measured`")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(handler=cmd_record)
+
+    p = verbs.add_parser("import", help="convert a PyTorch capture into a trace")
+    p.add_argument("kind", choices=("torch-snapshot", "kineto"))
+    p.add_argument("input")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(handler=cmd_import)
+
+    p = verbs.add_parser("calibrate", help="measure this GPU into a hardware profile (needs torch)")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(handler=cmd_calibrate)
+    return parser
+
+
+# ------------------------------------------------------------------ helpers
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _emit_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _capacity(text: str | None) -> int | None:
+    if text is None:
+        return None
+    size = parse_size(text, "--memory")
+    if size <= 0:
+        raise ConfigError(f"--memory: capacity must be above zero, got {text!r}")
+    return size
+
+
+def _check_output(path: str, flag: str) -> None:
+    parent = Path(path).parent
+    if str(parent) and not parent.exists():
+        raise ConfigError(f"{flag}: folder {str(parent)!r} does not exist")
+
+
+# ------------------------------------------------------------------ verbs
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .allocator import make_allocator
+    from .engine import simulate
+    from .hardware import load_hardware
+    from .policies import make_policy
+    from .trace import load_trace, save_trace
+
+    specs = args.policy or ["none"]
+    if (args.timeline or args.plot) and len(specs) > 1:
+        raise ConfigError("--timeline and --plot take one --policy at a time")
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path:
+            _check_output(path, flag)
+    # Parse every input before simulating anything, so bad input fails fast and writes nothing.
+    capacity = _capacity(args.memory)
+    hw = load_hardware(args.hw)
+    policies = [make_policy(s) for s in specs]
+    allocator = make_allocator(args.allocator)
+    trace = load_trace(args.trace)
+    if capacity is not None and capacity > hw.capacity_bytes and not args.json:
+        _progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
+                  f"({format_size(hw.capacity_bytes)}): simulating a larger card")
+    results = [simulate(trace, hw, p, allocator, capacity) for p in policies]
+    if args.timeline:
+        save_trace(results[0].predicted, args.timeline)
+    if args.plot:
+        from .plots import plot_run
+        plot_run(results[0].predicted, results[0].report, args.plot)
+    if args.json:
+        _emit_json(results[0].report if len(results) == 1 else [r.report for r in results])
+    else:
+        print(format_reports([r.report for r in results], trace.meta))
+    return 0
+
+
+_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("fits", "fits", lambda v: "yes" if v else "NO (out of memory)"),
+    ("iteration time", "iteration_time_us", format_time),
+    ("compute time", "compute_time_us", format_time),
+    ("stall time", "stall_time_us", format_time),
+    ("recompute time", "recompute_time_us", format_time),
+    ("peak allocated", "peak_allocated_bytes", format_size),
+    ("peak reserved", "peak_reserved_bytes", format_size),
+    ("average allocated", "avg_allocated_bytes", format_size),
+    ("offloaded (D2H)", "d2h_bytes", format_size),
+    ("prefetched (H2D)", "h2d_bytes", format_size),
+    ("pinned host peak", "pinned_host_peak_bytes", format_size),
+]
+
+
+def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """Reports side by side, one column per policy."""
+    first = reports[0]
+    head = (f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} "
+            f"({meta.get('source', '?')} on {meta.get('device', '?')}) on {first['hardware']}, "
+            f"capacity {format_size(first['capacity_bytes'])}, allocator {first['allocator']}")
+    names = [r["policy"] for r in reports]
+    width = max(22, *(len(n) + 2 for n in names))
+    lines = [head, "", f"{'':20}" + "".join(f"{n:>{width}}" for n in names)]
+    for label, key, fmt in _ROWS:
+        lines.append(f"{label:20}" + "".join(f"{fmt(r[key]):>{width}}" for r in reports))
+    for r in reports:
+        if r["oom"]:
+            o = r["oom"]
+            where = "before the first op" if o["op"] is None else f"at op {o['op']}"
+            lines.append(f"{r['policy']}: out of memory {where}: needed "
+                         f"{format_size(o['need_bytes'])}, {format_size(o['free_bytes'])} free")
+        for note in r["notes"]:
+            lines.append(f"{r['policy']}: {note}")
+    measured = first.get("measured")
+    if measured:
+        lines.append(f"measured (no policy, on {meta.get('device', '?')}): iteration "
+                     f"{format_time(measured['iteration_time_us'])}, peak allocated "
+                     f"{format_size(measured['peak_allocated_bytes'])}")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect import summarize
+    from .trace import load_trace
+
+    summary = summarize(load_trace(args.trace))
+    if args.json:
+        _emit_json(summary)
+        return 0
+    m = summary["meta"]
+    print(f"{args.trace}: valid vsim-trace v{summary['version']} ({m.get('source')})")
+    for key in ("model", "batch_size", "device", "torch", "cuda", "recorder", "date"):
+        if m.get(key) is not None:
+            print(f"  {key:12} {m[key]}")
+    print(f"  ops          {summary['ops']} ({', '.join(f'{k} {v}' for k, v in summary['ops_by_phase'].items())})")
+    print(f"  layers       {summary['layers']}; kernels {summary['kernels']}")
+    print(f"  tensors      {summary['tensors']}")
+    for kind, b in summary["bytes_by_kind"].items():
+        print(f"    {kind:16} {format_size(b)}")
+    print(f"  span         {format_time(summary['span_us'])} (ops {format_time(summary['op_time_us'])})")
+    print(f"  peak (replay) {format_size(summary['replay_peak_bytes'])}")
+    if summary["measured"]:
+        ms = summary["measured"]
+        print(f"  measured     iteration {format_time(ms['iteration_time_us'])}, peak allocated "
+              f"{format_size(ms['peak_allocated_bytes'])}, peak reserved "
+              f"{format_size(ms['peak_reserved_bytes'])}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .allocator.base import allocator_registry, describe_allocator
+    from .hardware import list_hardware, load_hardware
+    from .policies import registry
+    from .policies.base import describe
+
+    hardware = []
+    for name, path in list_hardware().items():
+        hw = load_hardware(str(path))
+        hardware.append({"name": name, "description": hw.description,
+                         "memory_bytes": hw.memory_bytes, "capacity_bytes": hw.capacity_bytes,
+                         "path": str(path)})
+    listing = {
+        "policies": [describe(cls) for _, cls in sorted(registry().items())],
+        "allocators": [describe_allocator(cls) for _, cls in sorted(allocator_registry().items())],
+        "hardware": hardware,
+        "models": _models(),
+    }
+    if args.json:
+        _emit_json(listing)
+        return 0
+    for section in ("policies", "allocators"):
+        print(f"{section}:")
+        for entry in listing[section]:
+            fields = ", ".join(f"{f['name']}={f.get('default')}" +
+                               (f" ({'|'.join(f['choices'])})" if "choices" in f else "")
+                               for f in entry["fields"])
+            print(f"  {entry['name']:14} {entry['description']}" + (f"\n  {'':14} {fields}"
+                                                                    if fields else ""))
+    print("hardware:")
+    for h in hardware:
+        print(f"  {h['name']:16} {format_size(h['memory_bytes']):>12}  {h['description']}")
+    print("models:" + ("" if listing["models"] else " (the model zoo needs the record module)"))
+    for m in listing["models"]:
+        print(f"  {m['name']:16} {m['description']}")
+    return 0
+
+
+def _models() -> list[dict[str, str]]:
+    try:
+        from .record.zoo import list_models
+    except ImportError:
+        return []
+    return [{"name": k, "description": v} for k, v in list_models().items()]
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    _check_output(args.output, "-o")
+    if args.batch <= 0:
+        raise ConfigError(f"--batch must be above zero, got {args.batch}")
+    from .record.recorder import record_model
+    from .trace import save_trace
+
+    trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
+                         iters=args.iters, progress=_progress)
+    save_trace(trace, args.output)
+    _progress(f"wrote {args.output}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    _check_output(args.output, "-o")
+    from .trace import importers, save_trace
+
+    convert = (importers.import_torch_snapshot if args.kind == "torch-snapshot"
+               else importers.import_kineto)
+    trace = convert(args.input)
+    save_trace(trace, args.output)
+    _progress(f"wrote {args.output}: {len(trace.ops)} ops, {len(trace.tensors)} tensors")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    _check_output(args.output, "-o")
+    import yaml
+
+    from .hardware import parse_hardware
+    from .record.calibrate import calibrate
+
+    doc = calibrate(progress=_progress)
+    parse_hardware(doc, "<calibrated profile>")  # what we write must load
+    text = yaml.safe_dump(doc, sort_keys=False)
+    tmp = Path(args.output).with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(args.output)
+    _progress(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,112 @@
+"""Pictures of runs: the only module that imports matplotlib (with the Agg backend, no screen)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .trace.schema import TENSOR_KINDS, Trace  # noqa: E402
+
+KIND_COLORS = {
+    "weight": "#4c72b0", "optimizer_state": "#8172b2", "gradient": "#dd8452",
+    "activation": "#55a868", "input": "#937860", "workspace": "#c44e52", "temporary": "#da8bc3",
+}
+PHASE_COLORS = {"fwd": "#55a868", "bwd": "#4c72b0", "opt": "#8172b2", "other": "#999999"}
+GIB = 2**30
+
+
+def memory_by_kind(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Times (ms) and, per tensor kind, allocated GiB after each allocator event."""
+    kind_of = {t.id: t.kind for t in trace.tensors}
+    events = sorted((e for e in trace.mem_events if e.action in ("alloc", "free_completed")),
+                    key=lambda e: e.time_us)
+    times = np.zeros(len(events) + 1)
+    levels = {k: np.zeros(len(events) + 1) for k in TENSOR_KINDS}
+    current = dict.fromkeys(TENSOR_KINDS, 0)
+    for i, e in enumerate(events, start=1):
+        kind = kind_of.get(e.tensor if e.tensor is not None else -1, "temporary")
+        current[kind] += e.size_bytes if e.action == "alloc" else -e.size_bytes
+        times[i] = e.time_us / 1e3
+        for k in TENSOR_KINDS:
+            levels[k][i] = current[k] / GIB
+    return times, levels
+
+
+def plot_run(trace: Trace, report: dict[str, Any], path: str) -> None:
+    """Memory over time stacked by tensor kind with the capacity line, above the streams'
+    activity (compute by phase, stalls, H2D and D2H copies). Written atomically."""
+    fig, (ax_mem, ax_streams) = plt.subplots(
+        2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    end_ms = report["iteration_time_us"] / 1e3
+    times, levels = memory_by_kind(trace)
+    times = np.append(times, end_ms)
+    kinds = [k for k in TENSOR_KINDS if levels[k].any()]
+    stacks = [np.append(levels[k], levels[k][-1]) for k in kinds]
+    if kinds:
+        ax_mem.stackplot(times, *stacks, labels=kinds, step="post",
+                         colors=[KIND_COLORS[k] for k in kinds], alpha=0.85)
+    cap = report["capacity_bytes"] / GIB
+    peak = report["peak_allocated_bytes"] / GIB
+    ax_mem.axhline(cap, color="black", linestyle="--", linewidth=1.2,
+                   label=f"capacity {cap:.1f} GiB")
+    ax_mem.set_ylim(0, max(cap, peak) * 1.08 if cap < 4 * max(peak, 1e-9) else peak * 1.25)
+    if cap >= 4 * max(peak, 1e-9):
+        ax_mem.text(0.99, 0.97, f"capacity {cap:.1f} GiB (off the scale)", ha="right", va="top",
+                    transform=ax_mem.transAxes, fontsize=9)
+    ax_mem.set_ylabel("device memory (GiB)")
+    status = "fits" if report["fits"] else "OUT OF MEMORY"
+    meta = trace.meta
+    ax_mem.set_title(f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} on "
+                     f"{report['hardware']}, policy {report['policy']}: {status}; "
+                     f"iteration {end_ms:.1f} ms, peak {peak:.2f} GiB", fontsize=10)
+    ax_mem.legend(loc="upper left", fontsize=8, ncol=4)
+    ax_mem.grid(alpha=0.3)
+
+    rows = {"compute": 2, "H2D": 1, "D2H": 0}
+    for phase, color in PHASE_COLORS.items():
+        spans = [(op.start_us / 1e3, op.dur_us / 1e3) for op in trace.ops
+                 if op.phase == phase and op.stream == 0]
+        if spans:
+            ax_streams.broken_barh(spans, (rows["compute"] - 0.4, 0.8), color=color,
+                                   label=f"compute {phase}")
+    stalls = [((op.start_us - float(op.attr("stall_us", 0.0))) / 1e3,
+               float(op.attr("stall_us", 0.0)) / 1e3) for op in trace.ops
+              if float(op.attr("stall_us", 0.0)) > 0]
+    if stalls:
+        ax_streams.broken_barh(stalls, (rows["compute"] - 0.4, 0.8), color="#d62728",
+                               label="stall")
+    for direction, row, color in (("h2d", "H2D", "#17becf"), ("d2h", "D2H", "#ff7f0e")):
+        spans = [(c.start_us / 1e3, c.dur_us / 1e3) for c in trace.copies
+                 if c.direction == direction]
+        if spans:
+            ax_streams.broken_barh(spans, (rows[row] - 0.4, 0.8), color=color, label=row)
+    ax_streams.set_yticks(list(rows.values()), list(rows.keys()))
+    ax_streams.set_xlabel("time (ms)")
+    ax_streams.set_xlim(0, max(end_ms, 1e-6))
+    ax_streams.legend(loc="upper right", fontsize=7, ncol=6)
+    ax_streams.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig: Any, path: str) -> None:
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
+                               prefix=f".{target.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
