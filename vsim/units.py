@@ -23,6 +23,7 @@ _RATE_UNITS = {  # bytes per microsecond
 }
 _FLOPS_UNITS = {"FLOP/s": 1e-6, "GFLOP/s": 1e3, "TFLOP/s": 1e6}  # flops per microsecond
 
+_NUMBER = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*$")
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]+)\s*$")
 
 
@@ -32,9 +33,12 @@ def _parse(text: object, table: dict[str, float], what: str, where: str | None) 
             f"expected a {what} with a unit (one of {', '.join(table)}), got {text!r}", where
         )
     match = _QUANTITY.match(text)
+    if not match and _NUMBER.match(text):
+        raise UnitError(f"{text.strip()!r} is a {what} without a unit; write it with one "
+                        f"(one of {', '.join(table)})", where)
     if not match:
-        raise UnitError(f"cannot read {text!r} as a {what} (number then unit, e.g. "
-                        f"'12 {next(iter(table))}')", where)
+        raise UnitError(f"cannot read {text!r} as a {what} (a number then a unit, one of "
+                        f"{', '.join(table)})", where)
     number, unit = float(match.group(1)), match.group(2)
     if unit not in table:
         raise UnitError(f"unknown {what} unit {unit!r} in {text!r}; use one of "

@@ -99,9 +99,13 @@ class Engine:
         self.tensors: dict[int, Tensor] = trace.tensor_by_id()
         self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
         self.done: dict[int, simpy.Event] = {op.id: self.env.event() for op in trace.ops}
-        self.offloaded: dict[int, simpy.Event] = {}   # D2H copy finished and device copy released
+        self.copied_out: dict[int, simpy.Event] = {}  # D2H copy finished
+        self.released: dict[int, simpy.Event] = {}    # ... and the device copy given back
         self.prefetched: dict[int, simpy.Event] = {}  # H2D copy finished
+        self.release_at_end: dict[int, list[int]] = defaultdict(list)  # op -> offloaded tensors
+        self.finished: set[int] = set()               # ops that have ended
         self.free_pending: set[int] = set()           # freed by the trace while a copy reads it
+        self.copies_in_flight = 0
         self.executed: list[_ExecutedOp] = []
         self.copies: list[Copy] = []
         self.oom: OutOfMemory | None = None
@@ -190,7 +194,7 @@ class Engine:
             if not self._allocate_outputs(op):
                 return
             for off in self.index.offload_at.get(op.id, []):
-                self.env.process(self._offload(off))
+                self._issue_offload(off)
             dur = self._duration(op)
             start = self.env.now
             if dur > 0:
@@ -199,7 +203,7 @@ class Engine:
             self._after(op)
             if op.id in self.index.sync_after:
                 sync_start = self.env.now
-                inflight = [e for e in list(self.offloaded.values()) + list(self.prefetched.values())
+                inflight = [e for e in [*self.copied_out.values(), *self.prefetched.values()]
                             if not e.triggered]
                 if inflight:
                     yield self.env.all_of(inflight)
@@ -236,14 +240,19 @@ class Engine:
         retime = self.index.retime.get(op.id)
         dur = retime.dur_us if retime is not None else op.dur_us
         # Copies take DRAM bandwidth from compute (vDNN Sec. 5: at most link/DRAM bandwidth).
-        if self.link.active and self.hw.copy_interference:
+        if self.copies_in_flight and self.hw.copy_interference:
             dur *= 1.0 + self.hw.copy_interference
         return dur
 
     def _after(self, op: Op) -> None:
         now = self.env.now
+        self.finished.add(op.id)
+        for t in self.release_at_end.pop(op.id, []):
+            if self.copied_out[t].triggered:
+                self._release_offloaded(t, op.id)
+            # else: the offload process releases it when its copy ends
         for off in self.index.offload_after.get(op.id, []):
-            self.env.process(self._offload(off))
+            self._issue_offload(off)
         for t in op.frees:
             self._free(t, op.id)
         for t in self.index.release_after.get(op.id, []):
@@ -267,51 +276,68 @@ class Engine:
 
     # ------------------------------------------------------------ copies
 
-    def _offload(self, off: Offload) -> Generator[simpy.Event, Any, None]:
+    def _issue_offload(self, off: Offload) -> None:
+        """Start the D2H copy now (synchronously marked, so the op that issues it already sees
+        the link busy); the device copy is given back when both the copy and op
+        `release_after` have ended, whichever is later."""
         t = off.tensor
         if self.memory.where(t) != DEVICE:
-            return
-        done = self.offloaded[t] = self.env.event()
-        size = self.tensors[t].size_bytes
+            return  # already away or not born: nothing to copy
         self.memory.state[t] = OFFLOADING
+        self.copied_out[t] = self.env.event()
+        self.released[t] = self.env.event()
+        release_after = off.release_after if off.release_after is not None else off.at_op
+        self.copies_in_flight += 1
+        self.env.process(self._offload(t, release_after))
+
+    def _offload(self, t: int, release_after: int) -> Generator[simpy.Event, Any, None]:
+        size = self.tensors[t].size_bytes
         if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
             yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
         if not self.plan.pinned_pool_bytes:
             self.memory.pin(size)
         start, end = yield from self.link.copy("d2h", size)
+        self.copies_in_flight -= 1
         self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
-        release_after = off.release_after if off.release_after is not None else off.at_op
-        if not self.done[release_after].triggered:
-            yield self.done[release_after]
-        if t in self.free_pending:
+        self.copied_out[t].succeed()
+        if release_after in self.finished:
+            self._release_offloaded(t, release_after)
+        else:
+            self.release_at_end[release_after].append(t)
+
+    def _release_offloaded(self, t: int, op: int) -> None:
+        if t in self.free_pending:  # the trace freed it meanwhile: no need to keep the host copy
             self.free_pending.discard(t)
             if not self.plan.pinned_pool_bytes:
-                self.memory.unpin(size)
-            self.memory.release(t, self.env.now, release_after, FREED)
+                self.memory.unpin(self.tensors[t].size_bytes)
+            self.memory.release(t, self.env.now, op, FREED)
         else:
-            self.memory.release(t, self.env.now, release_after, HOST)
-        done.succeed()
+            self.memory.release(t, self.env.now, op, HOST)
+        self.released[t].succeed()
 
     def _issue_prefetch(self, pre: Prefetch) -> None:
         t = pre.tensor
         if t in self.prefetched and not self.prefetched[t].triggered:
             return  # already on its way
         self.prefetched[t] = self.env.event()
+        self.copies_in_flight += 1
         self.env.process(self._prefetch(pre))
 
     def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
         t = pre.tensor
         done = self.prefetched[t]
-        pending = self.offloaded.get(t)
+        pending = self.released.get(t)
         if pending is not None and not pending.triggered:
             yield pending  # the data must have left before it can come back
         if self.memory.where(t) != HOST:
+            self.copies_in_flight -= 1
             done.succeed()
             return
         if not self._alloc(t, pre.at_op, PREFETCHING):
             return
         size = self.tensors[t].size_bytes
         start, end = yield from self.link.copy("h2d", size)
+        self.copies_in_flight -= 1
         self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
         if not self.plan.pinned_pool_bytes:
             self.memory.unpin(size)

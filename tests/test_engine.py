@@ -1,0 +1,176 @@
+"""Engine scenarios small enough to work out by hand; the arithmetic is in each comment.
+
+Test hardware: both link directions 1 GB/s = 1000 B/us with no latency, duplex 1.5 GB/s, no
+compute/copy interference, so a 10,000 B copy takes 10 us alone.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+import simpy
+
+from builders import chain, op, tensor, trace
+from vsim.allocator import make_allocator
+from vsim.engine import PlanError, simulate
+from vsim.engine.link import Link
+from vsim.hardware import parse_hardware
+from vsim.policies.base import Offload, Plan, Policy, Prefetch, Sync
+
+
+def hardware(**over):
+    doc = {
+        "name": "test-gpu",
+        "provenance": {"source": "test", "date": "2026-11-21", "method": "round numbers"},
+        "gpu": {"memory": "1MB", "context": "0B", "cuda_malloc": "0us"},
+        "compute": {"peak": {"fp32": "1TFLOP/s"}, "dram_bandwidth": "100GB/s",
+                    "launch_latency": "0us", "copy_interference": over.pop("interference", "0%")},
+        "link": {"h2d": {"pinned": {"bandwidth": "1GB/s", "latency": "0us"},
+                         "pageable": {"bandwidth": "0.5GB/s", "latency": "0us"}},
+                 "d2h": {"pinned": {"bandwidth": "1GB/s", "latency": "0us"},
+                         "pageable": {"bandwidth": "0.5GB/s", "latency": "0us"}},
+                 "duplex": over.pop("duplex", "1.5GB/s")},
+        "host": {"pinned_limit": "1GB", "pinned_alloc_per_GiB": "0us"},
+    }
+    return parse_hardware(doc, "test")
+
+
+@dataclass(frozen=True)
+class Fixed(Policy):
+    """A policy that returns a plan given by the test."""
+    name = "fixed"
+    actions: tuple = ()
+
+    def plan(self, trace, hw, capacity_bytes):
+        return Plan(actions=self.actions)
+
+
+def run(tr, actions=(), capacity=10**6, hw=None):
+    return simulate(tr, hw or hardware(), Fixed(actions=tuple(actions)), make_allocator("exact"),
+                    capacity).report
+
+
+# chain(2): op0 fwd l0 reads t0 writes t1 (0-20us); op1 fwd l1 reads t1 writes t2 (20-40);
+#           op2 bwd l1 reads t1,t2 frees t2 (40-70); op3 bwd l0 reads t0,t1 frees t1 (70-100).
+TWO = chain(2, act_bytes=10_000, fwd_us=20, bwd_us=30)
+
+
+def test_no_policy_replays_the_recording():
+    r = run(TWO)
+    # 20 + 20 + 30 + 30 = 100 us; peak = t0 + t1 + t2 = 30,000 B during op1 and op2.
+    assert r["iteration_time_us"] == 100
+    assert r["peak_allocated_bytes"] == 30_000
+    assert r["stall_time_us"] == 0 and r["fits"] and r["oom"] is None
+
+
+def test_offload_overlaps_compute():
+    # Offload t0 when op0 starts: 10,000 B at 1000 B/us = 0-10 us, inside op0 (0-20). Released
+    # at op0's end (20). Prefetch it when op2 starts (40): back by 50, long before op3 at 70.
+    # No stall: the iteration still takes 100 us.
+    r = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)])
+    assert r["iteration_time_us"] == 100
+    assert r["stall_time_us"] == 0
+    assert r["d2h_bytes"] == r["h2d_bytes"] == 10_000
+    # t0 is away during op1 (20-40): peak there is t1 + t2 = 20,000; it returns at 40 while t1
+    # and t2 are still live: 30,000 again.
+    assert r["peak_allocated_bytes"] == 30_000
+    assert r["pinned_host_peak_bytes"] == 10_000
+
+
+def test_stall_waiting_for_a_prefetch():
+    # Offload t1 when op1 starts (20-30), released at op1's end (40). op2 reads t1 and fetches it
+    # itself when it launches at 40: the copy takes 40-50, so op2 runs 50-80 and op3 80-110.
+    r = run(TWO, [Offload(1, at_op=1), Prefetch(1, at_op=2, needed_by=2)])
+    assert r["stall_time_us"] == pytest.approx(10)
+    assert r["iteration_time_us"] == pytest.approx(110)
+
+
+def test_sync_waits_for_the_copy():
+    # A 40,000 B input offloaded at op0 takes 40 us (0-40) but op0 ends at 20. Sync after op0
+    # (vDNN's per-layer synchronisation) holds the compute stream until 40: 20 us stall, and
+    # everything after shifts by 20: op1 40-60, op2 60-90 (prefetch of t0 at 60-100), op3 waits
+    # for it until 100 (10 more us of stall), runs 100-130.
+    big = trace([op(0, 0, 20, reads=(0,), writes=(1,)), op(1, 20, 20, reads=(1,), writes=(2,)),
+                 op(2, 40, 30, phase="bwd", reads=(1, 2), frees=(2,)),
+                 op(3, 70, 30, phase="bwd", reads=(0, 1), frees=(1,))],
+                [tensor(0, 40_000, "input"), tensor(1, 10_000, producer=0),
+                 tensor(2, 10_000, producer=1)])
+    r = run(big, [Offload(0, at_op=0), Sync(after_op=0), Prefetch(0, at_op=2, needed_by=3)])
+    assert r["stall_time_us"] == pytest.approx(20 + 10)
+    assert r["iteration_time_us"] == pytest.approx(130)
+
+
+def test_out_of_memory_is_a_result():
+    # Capacity 25,000 B: t0 (10,000) + t1 (10,000) fit; op1 asks for t2 (10,000) with 5,000 free.
+    r = run(TWO, capacity=25_000)
+    assert r["fits"] is False
+    assert r["oom"]["op"] == 1 and r["oom"]["tensor"] == 2
+    assert r["oom"]["need_bytes"] == 10_000 and r["oom"]["free_bytes"] == 5_000
+
+
+def test_offload_makes_it_fit():
+    # Same 25,000 B capacity. With t0 away during op1 (released at op0's end, 20 us), op1 has
+    # t1 + t2 = 20,000 B; the prefetch at op3's launch (70) finds t2 freed: t0 + t1 = 20,000.
+    r = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=3, needed_by=3)], capacity=25_000)
+    assert r["fits"] is True
+    assert r["peak_allocated_bytes"] == 20_000
+    # op3 waits for the 10 us prefetch: 70-80 stall, runs 80-110.
+    assert r["iteration_time_us"] == pytest.approx(110)
+
+
+def test_resident_tensors_that_cannot_fit_fail_before_the_first_op():
+    r = run(TWO, capacity=5_000)
+    assert r["fits"] is False and r["oom"]["op"] is None
+
+
+def test_reading_an_offloaded_tensor_without_prefetch_is_a_plan_error():
+    with pytest.raises(PlanError, match="reads tensor 0"):
+        run(TWO, [Offload(0, at_op=0)])
+
+
+def _copies(hw, *jobs):
+    """Run copies (direction, bytes, start_us) on a bare link; return their end times."""
+    env = simpy.Environment()
+    link = Link(env, hw)
+    ends = {}
+
+    def job(name, direction, size, at):
+        yield env.timeout(at)
+        _, end = yield from link.copy(direction, size)
+        ends[name] = end
+    for i, (direction, size, at) in enumerate(jobs):
+        env.process(job(i, direction, size, at))
+    env.run()
+    return [ends[i] for i in range(len(jobs))]
+
+
+def test_duplex_limit_shares_the_link():
+    hw = hardware()
+    # Alone: 1,500 B at 1000 B/us = 1.5 us.
+    assert _copies(hw, ("d2h", 1500, 0)) == [pytest.approx(1.5)]
+    # Both ways at once want 2000 B/us; the duplex limit is 1500, so each gets 750 B/us:
+    # 1,500 B each take 2.0 us.
+    assert _copies(hw, ("d2h", 1500, 0), ("h2d", 1500, 0)) == [pytest.approx(2.0)] * 2
+    # Unequal: both at 750 B/us until the h2d copy ends at 2.0 us; the d2h copy has
+    # 3,000 - 1,500 = 1,500 B left and runs alone at 1000 B/us: ends at 3.5 us.
+    assert _copies(hw, ("d2h", 3000, 0), ("h2d", 1500, 0)) == [pytest.approx(3.5),
+                                                               pytest.approx(2.0)]
+
+
+def test_one_copy_engine_per_direction_serialises():
+    # Two D2H copies of 1,000 B: the second waits for the first: ends at 1 and 2 us.
+    assert _copies(hardware(), ("d2h", 1000, 0), ("d2h", 1000, 0)) == [pytest.approx(1.0),
+                                                                      pytest.approx(2.0)]
+
+
+def test_copies_slow_compute_by_the_interference_factor():
+    # 10% interference: op0 starts while the offload of t0 runs, so it takes 20 * 1.1 = 22 us.
+    hw = hardware(interference="10%")
+    r = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)], hw=hw)
+    # op2 also starts with the prefetch running: 30 * 1.1 = 33. Total 22 + 20 + 33 + 30 = 105.
+    assert r["iteration_time_us"] == pytest.approx(105)
+
+
+def test_same_inputs_same_report():
+    a = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)])
+    b = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)])
+    assert a == b

@@ -1,0 +1,84 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vsim.errors import HardwareError
+from vsim.hardware import list_hardware, load_hardware, parse_hardware
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p.stem for p in (ROOT / "hardware").glob("*.yaml"))
+
+
+def test_required_profiles_are_shipped():
+    for name in ("titan-x-maxwell", "h100-sxm", "h200", "k40", "titan-xp", "v100-16gb",
+                 "a100-40gb"):
+        assert name in SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_loads_with_provenance(name):
+    hw = load_hardware(name)
+    assert hw.name == name
+    assert hw.provenance["source"] and hw.provenance["date"] and hw.provenance["method"]
+    assert 0 < hw.context_bytes < hw.memory_bytes
+    assert hw.h2d.pinned.bandwidth_bytes_per_us > hw.h2d.pageable.bandwidth_bytes_per_us * 0.5
+
+
+def test_titan_x_matches_the_paper():
+    hw = load_hardware("titan-x-maxwell")
+    assert hw.memory_bytes == 12 * 2**30
+    assert hw.dram_bytes_per_us == pytest.approx(336e3)   # 336 GB/s
+    assert hw.h2d.pinned.bandwidth_bytes_per_us == pytest.approx(12.8e3)  # 12.8 GB/s
+    # 1 GiB at 12.8 GB/s plus 10 us latency: 2**30 / 12800 + 10 = 83896.08 us
+    assert hw.h2d.copy_time_us(2**30) == pytest.approx(2**30 / 12800 + 10)
+
+
+def test_efficiency_table_interpolates_in_log_size():
+    hw = load_hardware("h100-sxm")
+    path = hw.h2d.pinned
+    # Table: 1MiB 40.5%, 16MiB 93.7%. 4MiB is halfway in log2 (2 of 4 steps): 40.5 + 0.5*53.2
+    assert path.efficiency_at(4 * 2**20) == pytest.approx(0.405 + 0.5 * (0.937 - 0.405))
+    assert path.efficiency_at(1) == pytest.approx(0.405)        # flat below the table
+    assert path.efficiency_at(2**40) == pytest.approx(0.989)    # flat above it
+    assert path.copy_time_us(0) == 0.0
+
+
+def _doc(name="h100-sxm"):
+    return yaml.safe_load((ROOT / "hardware" / f"{name}.yaml").read_text())
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("gpu", "memory"), 12, "with a unit"),
+    (("gpu", "memory"), "12 apples", "unknown size unit"),
+    (("link", "h2d", "pinned", "bandwidth"), "0GB/s", "above zero"),
+    (("link", "duplex"), "90", "without a unit"),
+    (("compute", "copy_interference"), 0.05, "percentage"),
+    (("gpu", "context"), "100GiB", "below gpu.memory"),
+])
+def test_bad_profiles_name_the_key(path, value, message):
+    doc = copy.deepcopy(_doc())
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(HardwareError) as err:
+        parse_hardware(doc, "bad.yaml")
+    text = str(err.value)
+    assert text.startswith("bad.yaml: ") and message in text
+    if path[-1] not in ("context",):
+        assert ".".join(path) in text
+
+
+def test_missing_provenance_is_an_error():
+    doc = _doc()
+    del doc["provenance"]["method"]
+    with pytest.raises(HardwareError, match="provenance"):
+        parse_hardware(doc, "x.yaml")
+
+
+def test_unknown_name_lists_known_profiles():
+    with pytest.raises(HardwareError, match="h100-sxm"):
+        load_hardware("no-such-gpu")
+    assert "h200" in list_hardware()

@@ -1,0 +1,154 @@
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vsim.errors import TraceError
+from vsim.trace import SCHEMA_VERSION, load_trace, save_trace, trace_from_json, trace_to_json
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "tiny.vsim.json"
+
+
+def tiny_doc():
+    return json.loads(TINY.read_text())
+
+
+def test_hand_written_trace_loads():
+    t = load_trace(TINY)
+    assert [op.name for op in t.ops] == ["conv.forward", "conv.backward"]
+    assert t.ops[1].frees == (2,) and t.ops[1].deps == (0,)
+    assert t.ops[1].kernels[0].name == "wgrad" and t.ops[1].kernels[0].dur_us == 20
+    assert t.tensor_by_id()[2].size_bytes == 1500
+    assert t.measured.peak_reserved_bytes == 4096
+    assert len(t.mem_events) == 1 and t.mem_events[0].tensor == 2
+    assert len(t.counters) == 1  # kept for viewing, not interpreted
+
+
+def test_round_trip_gzip_is_identical_and_deterministic(tmp_path):
+    t = load_trace(TINY)
+    a, b = tmp_path / "a.vsim.json.gz", tmp_path / "b.vsim.json.gz"
+    save_trace(t, a)
+    save_trace(load_trace(a), b)
+    assert load_trace(a) == t
+    assert a.read_bytes() == b.read_bytes()  # gzip mtime fixed: byte-identical files
+
+
+def test_file_is_chrome_trace_json():
+    """What ui.perfetto.dev and chrome://tracing need: a traceEvents list whose events have
+    name/ph/ts/pid/tid, X events with dur, all times numbers; slices of one tid never overlap."""
+    doc = trace_to_json(load_trace(TINY))
+    assert isinstance(doc["traceEvents"], list)
+    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for ev in doc["traceEvents"]:
+        assert {"name", "ph", "pid"} <= set(ev)
+        if ev["ph"] in ("X", "i", "C"):
+            assert isinstance(ev["ts"], (int, float))
+        if ev["ph"] == "X":
+            assert ev["dur"] >= 0
+            spans.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
+    for slices in spans.values():
+        slices.sort()
+        for (s0, e0), (s1, _) in zip(slices, slices[1:]):
+            assert s1 >= e0
+    json.dumps(doc, allow_nan=False)  # strict JSON: no NaN or Infinity
+
+
+def test_perfetto_trace_processor_loads_it(tmp_path):
+    """Needs the `perfetto` package and its trace_processor binary, which it downloads on first
+    use; skipped offline (docs/design.md)."""
+    tp_mod = pytest.importorskip("perfetto.trace_processor")
+    out = tmp_path / "t.json"
+    out.write_text(json.dumps(trace_to_json(load_trace(TINY))))
+    try:
+        tp = tp_mod.TraceProcessor(trace=str(out))
+    except Exception as exc:  # no binary and no network
+        pytest.skip(f"trace_processor unavailable: {exc}")
+    rows = list(tp.query("select count(*) as n from slice"))
+    assert rows[0].n == 2
+
+
+def _expect_error(doc, fragment, tmp_path, name="bad.vsim.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    message = str(err.value)
+    assert message.startswith(str(path)), message
+    assert fragment in message, message
+    assert "\n" not in message
+
+
+def test_newer_version_is_refused(tmp_path):
+    doc = tiny_doc()
+    doc["vsim"]["version"] = SCHEMA_VERSION + 1
+    _expect_error(doc, "newer than this vsim reads", tmp_path)
+
+
+def test_version_is_never_guessed(tmp_path):
+    doc = tiny_doc()
+    del doc["vsim"]["version"]
+    _expect_error(doc, "vsim.version must be an integer", tmp_path)
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda d: d["vsim"]["tensors"][2].update(bytes=-5), "vsim.tensors[2].bytes"),
+    (lambda d: d["vsim"]["tensors"][2].update(kind="blob"), "vsim.tensors[2].kind"),
+    (lambda d: d["vsim"]["tensors"][1].update(id=0), "duplicate tensor id"),
+    (lambda d: d["traceEvents"][0].update(dur=float("nan")), "traceEvents[0].dur"),
+    (lambda d: d["traceEvents"][1]["args"].update(reads=[9]), "traceEvents[1].args.reads[0]"),
+    (lambda d: d["traceEvents"][0]["args"].update(deps=[1]), "traceEvents[0].args.deps[0]"),
+    (lambda d: d["traceEvents"][1]["args"].update(phase="sideways"), "args.phase"),
+    (lambda d: d["traceEvents"][0]["args"].pop("layer"), "missing required field 'layer'"),
+    (lambda d: d["traceEvents"][1]["args"].update(op=0), "duplicate op id"),
+    (lambda d: d["traceEvents"][0]["args"].update(writes=[3]), "lists producer 1"),
+    (lambda d: d["traceEvents"][0]["args"].update(reads=[3]), "produced later"),
+    (lambda d: d["traceEvents"][0]["args"].update(frees=[2]), "was freed by op 0"),
+    (lambda d: d["traceEvents"][0]["args"]["kernels"][0].pop(), "[name, stream, ts, dur]"),
+    (lambda d: d["vsim"].update(format="chakra"), "vsim.format"),
+    (lambda d: d["vsim"]["meta"].update(source="guess"), "vsim.meta.source"),
+    (lambda d: d["vsim"]["measured"].pop("peak_reserved_bytes"), "vsim.measured"),
+    (lambda d: d.pop("traceEvents"), "traceEvents"),
+])
+def test_invalid_fields_name_the_json_path(mutate, fragment, tmp_path):
+    doc = tiny_doc()
+    mutate(doc)
+    _expect_error(doc, fragment, tmp_path)
+
+
+def test_truncated_gzip_and_bad_json(tmp_path):
+    good = tmp_path / "good.vsim.json.gz"
+    save_trace(load_trace(TINY), good)
+    cut = tmp_path / "cut.vsim.json.gz"
+    cut.write_bytes(good.read_bytes()[:40])
+    with pytest.raises(TraceError, match="corrupt gzip"):
+        load_trace(cut)
+    broken = tmp_path / "broken.vsim.json"
+    broken.write_text('{"vsim": {')
+    with pytest.raises(TraceError, match="invalid JSON at line 1"):
+        load_trace(broken)
+    with pytest.raises(TraceError, match="cannot read trace"):
+        load_trace(tmp_path / "missing.vsim.json")
+
+
+def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
+    t = load_trace(TINY)
+    target = tmp_path / "out.vsim.json.gz"
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr("vsim.trace.io.os.replace", boom)
+    with pytest.raises(OSError):
+        save_trace(t, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plain_json_and_gzip_read_alike(tmp_path):
+    gz = tmp_path / "t.vsim.json.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(TINY.read_bytes())
+    plain = tmp_path / "t.vsim.json"
+    shutil.copy(TINY, plain)
+    assert load_trace(gz) == load_trace(plain) == trace_from_json(tiny_doc())
