@@ -40,9 +40,8 @@ def chain(n_layers: int, act_bytes: int, fwd_us: float, bwd_us: float,
     for j in range(n_layers):
         i = n_layers - 1 - j
         oid = n_layers + j
-        frees = (i + 1,) if i + 1 < n_layers else (i + 1,)
         ops.append(op(oid, t, bwd_us, layer=f"layer{i}", layer_type=layer_type, phase="bwd",
-                      reads=(i, i + 1), frees=frees))
+                      reads=(i, i + 1), frees=(i + 1,)))
         t += bwd_us
     consumers: dict[int, list[int]] = {}
     for o in ops:

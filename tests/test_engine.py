@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 import simpy
-
 from builders import chain, op, tensor, trace
+
 from vsim.allocator import make_allocator
 from vsim.engine import PlanError, simulate
 from vsim.engine.link import Link

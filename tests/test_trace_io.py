@@ -51,7 +51,7 @@ def test_file_is_chrome_trace_json():
             spans.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
     for slices in spans.values():
         slices.sort()
-        for (s0, e0), (s1, _) in zip(slices, slices[1:]):
+        for (_, e0), (s1, _) in zip(slices, slices[1:], strict=False):
             assert s1 >= e0
     json.dumps(doc, allow_nan=False)  # strict JSON: no NaN or Infinity
 

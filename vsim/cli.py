@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from . import __version__
 from .errors import ConfigError, VsimError
@@ -204,12 +205,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for key in ("model", "batch_size", "device", "torch", "cuda", "recorder", "date"):
         if m.get(key) is not None:
             print(f"  {key:12} {m[key]}")
-    print(f"  ops          {summary['ops']} ({', '.join(f'{k} {v}' for k, v in summary['ops_by_phase'].items())})")
+    phases = ", ".join(f"{k} {v}" for k, v in summary["ops_by_phase"].items())
+    print(f"  ops          {summary['ops']} ({phases})")
     print(f"  layers       {summary['layers']}; kernels {summary['kernels']}")
     print(f"  tensors      {summary['tensors']}")
     for kind, b in summary["bytes_by_kind"].items():
         print(f"    {kind:16} {format_size(b)}")
-    print(f"  span         {format_time(summary['span_us'])} (ops {format_time(summary['op_time_us'])})")
+    print(f"  span         {format_time(summary['span_us'])} "
+          f"(ops {format_time(summary['op_time_us'])})")
     print(f"  peak (replay) {format_size(summary['replay_peak_bytes'])}")
     if summary["measured"]:
         ms = summary["measured"]

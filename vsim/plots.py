@@ -10,10 +10,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .trace.schema import TENSOR_KINDS, Trace  # noqa: E402
+from .trace.schema import TENSOR_KINDS, Trace
 
 KIND_COLORS = {
     "weight": "#4c72b0", "optimizer_state": "#8172b2", "gradient": "#dd8452",

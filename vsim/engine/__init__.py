@@ -18,7 +18,7 @@ from ..policies.base import Policy
 from ..trace.schema import Op, Tensor, Trace
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, PlanError
 
-__all__ = ["SimResult", "simulate", "PlanError"]
+__all__ = ["PlanError", "SimResult", "simulate"]
 
 
 @dataclass(frozen=True)

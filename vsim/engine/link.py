@@ -10,8 +10,8 @@ transfers are interrupted, their remaining bytes updated and their timers restar
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Generator
 
 import simpy
 

@@ -11,8 +11,9 @@ A failed allocation ends the run with an OutOfMemory result rather than an excep
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any
 
 import simpy
 
@@ -22,7 +23,15 @@ from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, R
 from ..trace.schema import Copy, Op, Tensor, Trace
 from .link import Link
 from .memory import (
-    DEVICE, DROPPED, FREED, HOST, OFFLOADING, PREFETCHING, RESIDENT, DeviceMemory, OutOfMemory,
+    DEVICE,
+    DROPPED,
+    FREED,
+    HOST,
+    OFFLOADING,
+    PREFETCHING,
+    RESIDENT,
+    DeviceMemory,
+    OutOfMemory,
 )
 
 H2D_STREAM, D2H_STREAM = 1, 2

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from ..errors import PolicyError
 from ..hardware import Hardware
@@ -76,7 +76,7 @@ class Retime:
     note: str = ""
 
 
-Action = Union[Offload, Prefetch, Sync, Drop, Recompute, Release, Retime]
+Action = Offload | Prefetch | Sync | Drop | Recompute | Release | Retime
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,14 @@
 
 from .io import load_trace, save_trace, trace_from_json, trace_to_json
 from .schema import (
-    SCHEMA_VERSION, Copy, Kernel, Measured, MemEvent, Op, Tensor, Trace,
+    SCHEMA_VERSION,
+    Copy,
+    Kernel,
+    Measured,
+    MemEvent,
+    Op,
+    Tensor,
+    Trace,
 )
 
 __all__ = [

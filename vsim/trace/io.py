@@ -21,8 +21,20 @@ from typing import Any
 from ..errors import TraceError
 from . import migrate
 from .schema import (
-    COPY_DIRECTIONS, FORMAT, MEM_ACTIONS, PHASES, SCHEMA_VERSION, SOURCES, TENSOR_KINDS,
-    Copy, Kernel, MemEvent, Measured, Op, Tensor, Trace,
+    COPY_DIRECTIONS,
+    FORMAT,
+    MEM_ACTIONS,
+    PHASES,
+    SCHEMA_VERSION,
+    SOURCES,
+    TENSOR_KINDS,
+    Copy,
+    Kernel,
+    Measured,
+    MemEvent,
+    Op,
+    Tensor,
+    Trace,
 )
 
 GPU_PID = 1

@@ -7,7 +7,8 @@ first, so there is no step yet: when v2 comes, add `_STEPS[1] = _v1_to_v2`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import TraceError
 from .schema import SCHEMA_VERSION

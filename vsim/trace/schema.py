@@ -96,7 +96,8 @@ class Copy:
 
 @dataclass(frozen=True)
 class MemEvent:
-    """One caching-allocator event in PyTorch's vocabulary (torch.cuda.memory._record_memory_history)."""
+    """One caching-allocator event in PyTorch's vocabulary
+    (torch.cuda.memory._record_memory_history): alloc, free_requested, free_completed, ..."""
 
     action: str
     time_us: float
