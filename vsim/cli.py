@@ -175,7 +175,13 @@ def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     width = max(22, *(len(n) + 2 for n in names))
     lines = [head, "", f"{'':20}" + "".join(f"{n:>{width}}" for n in names)]
     for label, key, fmt in _ROWS:
-        lines.append(f"{label:20}" + "".join(f"{fmt(r[key]):>{width}}" for r in reports))
+        cells = []
+        for r in reports:
+            cell = fmt(r[key])
+            if key == "iteration_time_us" and not r["fits"]:
+                cell = f"(stopped at {cell})"  # an out-of-memory run has no iteration time
+            cells.append(f"{cell:>{width}}")
+        lines.append(f"{label:20}" + "".join(cells))
     for r in reports:
         if r["oom"]:
             o = r["oom"]
