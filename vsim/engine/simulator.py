@@ -11,7 +11,7 @@ A failed allocation ends the run with an OutOfMemory result rather than an excep
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,16 +192,19 @@ class Engine:
             # an op can also fetch what it needs itself (at_op == needed_by).
             for pre in self.index.prefetch_at.get(op.id, []):
                 self._issue_prefetch(pre)
+            recomputes = self.index.recompute_before.get(op.id, [])
             waits = [self.done[d] for d in op.deps if not self.done[d].triggered]
-            waits += self._reads_ready(op)
+            waits += self._reads_ready(op, recomputes)
             if waits:
                 yield self.env.all_of(waits)
             stall = self.env.now - ready
-            for rc in self.index.recompute_before.get(op.id, []):
+            for rc in recomputes:
                 if not (yield from self._recompute(rc, op)):
                     return
-            if not self._allocate_outputs(op):
+            wait_start = self.env.now
+            if not (yield from self._allocate_outputs(op)):
                 return
+            stall += self.env.now - wait_start  # waiting for offloads to give memory back
             for off in self.index.offload_at.get(op.id, []):
                 self._issue_offload(off)
             dur = self._duration(op)
@@ -220,30 +223,52 @@ class Engine:
             prev_end = self.env.now
             self.done[op.id].succeed()
 
-    def _reads_ready(self, op: Op) -> list[simpy.Event]:
-        """Events the op must wait for so that everything it reads is on the GPU."""
+    def _reads_ready(self, op: Op, recomputes: Sequence[Recompute] = ()) -> list[simpy.Event]:
+        """Events the op must wait for so that everything it reads is on the GPU.
+
+        Tensors that a Recompute before the op brings back are not checked here; what those
+        recomputed ops read from outside their own chain is (it must be on the GPU, or be
+        prefetched, when the recomputation starts)."""
         waits = []
-        needed = set(op.reads) | set(self.index.needs.get(op.id, []))
+        rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
+        chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
+        needed = (set(op.reads) - rebuilt) | (chain_reads - rebuilt) \
+            | set(self.index.needs.get(op.id, []))
         for t in sorted(needed):
             where = self.memory.where(t)
             if where in RESIDENT:
                 continue
             if where == PREFETCHING or (t in self.prefetched and not self.prefetched[t].triggered):
                 waits.append(self.prefetched[t])
-            elif t in op.reads:
-                raise PlanError(f"op {op.id} ({op.name}, layer {op.layer}) reads tensor {t} "
-                                f"which is {where}, and no prefetch brings it back")
+            elif t in op.reads or t in chain_reads:
+                who = "recomputation before it" if t not in op.reads else "op"
+                raise PlanError(f"op {op.id} ({op.name}, layer {op.layer}): its {who} reads "
+                                f"tensor {t} which is {where}, and no prefetch brings it back")
         return waits
 
-    def _allocate_outputs(self, op: Op) -> bool:
+    def _allocate_outputs(self, op: Op) -> Generator[simpy.Event, Any, bool]:
         retime = self.index.retime.get(op.id)
         for t in op.writes:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
-            if not self._alloc(t, op.id):
+            if not (yield from self._alloc_waiting(t, op.id)):
                 return False
         return True
+
+    def _alloc_waiting(self, tensor: int, op: int | None, state: str = DEVICE
+                       ) -> Generator[simpy.Event, Any, bool]:
+        """Allocate; under Plan.wait_for_memory a request that does not fit waits for offloads
+        in flight (whose op has ended, so that only their copy holds the memory) to give their
+        device copy back, and retries. Out of memory when nothing in flight can free memory."""
+        size = self.tensors[tensor].size_bytes
+        while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
+            pending = [self.released[t] for t, ev in self.copied_out.items()
+                       if not self.released[t].triggered and not ev.triggered]
+            if not pending:
+                break
+            yield self.env.any_of(pending)
+        return self._alloc(tensor, op, state)
 
     def _duration(self, op: Op) -> float:
         retime = self.index.retime.get(op.id)
@@ -271,16 +296,36 @@ class Engine:
                 self.memory.release(t, now, op.id, DROPPED)
 
     def _recompute(self, rc: Recompute, before: Op) -> Generator[simpy.Event, Any, bool]:
+        """Re-run forward ops. `rc.tensors` (dropped) come back and stay; any other tensor the
+        chain writes that is not on the GPU (an intermediate the forward pass freed, a workspace,
+        or a dropped tensor another Recompute brings back later) is allocated while the chain
+        runs and given back at its end, in its former state."""
         for t in rc.tensors:
-            if self.memory.where(t) == DROPPED and not self._alloc(t, before.id):
+            if self.memory.where(t) != DROPPED:
+                continue
+            if not (yield from self._alloc_waiting(t, before.id)):
                 return False
+        transient: list[tuple[int, str]] = []
+        retimes = self.index.retime
         for op_id in rc.ops:
             op = self.ops[op_id]
+            for t in op.writes:
+                where = self.memory.where(t)
+                if where not in (FREED, DROPPED) or t in rc.tensors:
+                    continue
+                if self.tensors[t].kind == "workspace" and op_id in retimes \
+                        and retimes[op_id].workspace_bytes == 0:
+                    continue
+                if not (yield from self._alloc_waiting(t, before.id)):
+                    return False
+                transient.append((t, where))
             start = self.env.now
             dur = self._duration(op)
             if dur > 0:
                 yield self.env.timeout(dur)
             self.executed.append(_ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+        for t, former in transient:
+            self.memory.release(t, self.env.now, before.id, former)
         return True
 
     # ------------------------------------------------------------ copies
@@ -342,7 +387,7 @@ class Engine:
             self.copies_in_flight -= 1
             done.succeed()
             return
-        if not self._alloc(t, pre.at_op, PREFETCHING):
+        if not (yield from self._alloc_waiting(t, pre.at_op, PREFETCHING)):
             return
         size = self.tensors[t].size_bytes
         start, end = yield from self.link.copy("h2d", size)
