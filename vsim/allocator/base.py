@@ -34,6 +34,14 @@ class Allocator:
     def block_size(self, block: object) -> int:
         raise NotImplementedError
 
+    def block_addr(self, block: object) -> int:
+        """Device address of a block (0 where the model has no addresses)."""
+        return 0
+
+    def free_in_segments_bytes(self) -> int:
+        """Bytes reserved but not allocated (cached in free blocks)."""
+        return self.reserved_bytes - self.allocated_bytes
+
     def largest_free_bytes(self) -> int:
         """The largest request that would succeed now (for out-of-memory reports)."""
         raise NotImplementedError

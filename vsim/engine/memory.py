@@ -54,8 +54,8 @@ class DeviceMemory:
         self.blocks[tensor] = block
         self.state[tensor] = state
         self._segment_change(now)
-        self.events.append(MemEvent("alloc", now, 0, self.allocator.block_size(block),
-                                    tensor=tensor, op=op))
+        self.events.append(MemEvent("alloc", now, self.allocator.block_addr(block),
+                                    self.allocator.block_size(block), tensor=tensor, op=op))
         return True
 
     def release(self, tensor: int, now: float, op: int | None, new_state: str) -> None:
@@ -63,8 +63,9 @@ class DeviceMemory:
         block = self.blocks.pop(tensor, None)
         if block is not None:
             size = self.allocator.block_size(block)
+            addr = self.allocator.block_addr(block)
             self.allocator.free(block)
-            self.events.append(MemEvent("free_completed", now, 0, size, tensor=tensor, op=op))
+            self.events.append(MemEvent("free_completed", now, addr, size, tensor=tensor, op=op))
             self._segment_change(now)
         self.state[tensor] = new_state
 

@@ -1,0 +1,138 @@
+"""Allocators against hand-worked sequences, and the accounting identity as a property:
+allocated + free inside segments == reserved <= capacity."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vsim.allocator import make_allocator
+from vsim.allocator.caching import round_size, segment_size
+from vsim.errors import PolicyError
+
+MiB = 2**20
+
+
+def build(name, capacity):
+    return make_allocator(name).build(capacity)
+
+
+def test_caching_rounding_and_segment_sizes():
+    assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
+    assert segment_size(1 * MiB) == 2 * MiB          # small pool: 2 MiB segments
+    assert segment_size(1 * MiB + 512) == 20 * MiB   # large, under 10 MiB: 20 MiB segments
+    assert segment_size(11 * MiB + 1) == 12 * MiB    # 10 MiB and up: rounded to 2 MiB
+
+
+def test_caching_small_pool_splits_a_2mib_segment():
+    a = build("caching", 100 * MiB)
+    x = a.malloc(1000)       # rounds to 1024; new 2 MiB small segment, split
+    y = a.malloc(1000)       # served from the remainder, no new segment
+    assert a.block_size(x) == a.block_size(y) == 1024
+    assert a.reserved_bytes == 2 * MiB and a.allocated_bytes == 2048
+    assert a.segment_allocs == 1
+
+
+def test_caching_large_block_not_split_when_remainder_is_1mib_or_less():
+    a = build("caching", 100 * MiB)
+    b = a.malloc(19 * MiB + 512)   # 20 MiB segment; remainder 1 MiB - 512 <= 1 MiB: no split
+    assert a.block_size(b) == 20 * MiB and a.allocated_bytes == 20 * MiB
+    a.free(b)
+    c = a.malloc(4 * MiB)          # reuses the cached 20 MiB block, split: 16 MiB stay free
+    assert a.block_size(c) == 4 * MiB and a.reserved_bytes == 20 * MiB and a.segment_allocs == 1
+
+
+def test_caching_frees_merge_and_best_fit_picks_the_smallest():
+    a = build("caching", 100 * MiB)
+    x, y, z = a.malloc(6 * MiB), a.malloc(6 * MiB), a.malloc(6 * MiB)  # one 20 MiB segment
+    assert a.reserved_bytes == 20 * MiB
+    a.free(x)
+    a.free(z)        # z merges with the 2 MiB tail: free blocks 6 MiB and 8 MiB
+    w = a.malloc(5 * MiB)   # best fit: the 6 MiB block at x's address (remainder 1 MiB: kept)
+    assert a.block_addr(w) == a.block_addr(x)
+    a.free(y)
+    a.free(w)        # everything merges back into one 20 MiB free block
+    assert a.allocated_bytes == 0 and a.free_in_segments_bytes() == 20 * MiB
+
+
+def test_caching_fragmentation_out_of_memory_despite_free_bytes():
+    # Capacity 40 MiB. Three 6 MiB blocks fill 18 MiB of a 20 MiB segment A (2 MiB tail), three
+    # more a segment B. Freeing the middle block of each leaves A and B as
+    # [6 used][6 free][6 used][2 free]: 16 MiB free, largest piece 6 MiB. A 7 MiB request needs a
+    # new 20 MiB segment: 40 + 20 > 40 and no segment is entirely free: out of memory.
+    a = build("caching", 40 * MiB)
+    blocks = [a.malloc(6 * MiB) for _ in range(6)]
+    assert a.reserved_bytes == 40 * MiB
+    a.free(blocks[1])
+    a.free(blocks[4])
+    assert a.reserved_bytes - a.allocated_bytes == 16 * MiB
+    assert a.malloc(7 * MiB) is None
+    assert a.malloc(6 * MiB) is not None   # but a 6 MiB hole still serves 6 MiB
+
+
+def test_caching_releases_free_segments_before_giving_up():
+    # 40 MiB: a 20 MiB segment fully freed is released to make room for a 30 MiB request.
+    a = build("caching", 40 * MiB)
+    b = a.malloc(12 * MiB)            # 12 MiB segment (>= 10 MiB: rounded to 2 MiB)
+    a.free(b)
+    c = a.malloc(30 * MiB)            # 12 + 30 > 40: release the free 12 MiB segment first
+    assert c is not None and a.reserved_bytes == 30 * MiB
+
+
+def test_caching_blocks_serve_only_their_stream():
+    a = build("caching", 100 * MiB)
+    b = a.malloc(4 * MiB, stream=0)
+    a.free(b)
+    a.malloc(4 * MiB, stream=3)       # cannot reuse stream 0's cached block: new segment
+    assert a.reserved_bytes == 40 * MiB
+
+
+def test_cnmem_is_reserved_up_front_and_best_fit():
+    a = build("cnmem", 10 * MiB)
+    assert a.reserved_bytes == 10 * MiB
+    x, _, z = a.malloc(3 * MiB), a.malloc(1 * MiB), a.malloc(2 * MiB)   # 4 MiB free at the end
+    a.free(x)                          # free: 3 MiB at 0, 4 MiB at the end
+    w = a.malloc(3 * MiB)              # best fit: the 3 MiB hole, not the 4 MiB tail
+    assert a.block_addr(w) == a.block_addr(x)
+    assert a.malloc(5 * MiB) is None   # 4 MiB free in one piece only
+    assert a.largest_free_bytes() == 4 * MiB
+    del z
+
+
+def test_first_fit_takes_the_lowest_address():
+    a = build("first-fit", 10 * MiB)
+    x, _ = a.malloc(4 * MiB), a.malloc(1 * MiB)   # free: 5 MiB tail
+    a.free(x)                                      # free: 4 MiB at 0, 5 MiB tail
+    w = a.malloc(1 * MiB)                          # first fit: address 0 (best fit: also 0)
+    assert a.block_addr(w) == a.block_addr(x)
+    v = a.malloc(4 * MiB)                          # 3 MiB left at 1 MiB: too small -> the tail
+    assert a.block_addr(v) > a.block_addr(x) + 4 * MiB
+
+
+def test_unknown_allocator_lists_the_known_ones():
+    with pytest.raises(PolicyError, match="caching, cnmem, exact, first-fit"):
+        make_allocator("buddy")
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["exact", "caching", "cnmem", "first-fit"]),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB), st.integers(0, 3)),
+                    min_size=1, max_size=80))
+def test_accounting_identity(name, ops):
+    """allocated + free in segments == reserved <= capacity after every step; allocated equals
+    the sum of live blocks; freeing everything leaves nothing allocated."""
+    a = build(name, 96 * MiB)
+    live = []
+    for is_alloc, size, stream in ops:
+        if is_alloc or not live:
+            block = a.malloc(size, stream=stream)
+            if block is not None:
+                assert a.block_size(block) >= size
+                live.append(block)
+        else:
+            a.free(live.pop(size % len(live)))
+        assert a.allocated_bytes + a.free_in_segments_bytes() == a.reserved_bytes
+        assert a.reserved_bytes <= a.capacity_bytes
+        assert a.allocated_bytes == sum(a.block_size(b) for b in live)
+    for block in live:
+        a.free(block)
+    assert a.allocated_bytes == 0

@@ -1,0 +1,139 @@
+"""Segments split into address-ordered blocks, with a best-fit / first-fit index of free blocks.
+
+The shared machinery of the pool allocators (caching, cnmem, first-fit): a segment is one
+cudaMalloc; a block is a piece of a segment, free or in use; freeing merges a block with free
+neighbours in the same segment (PyTorch's try_merge_blocks, cnmem's and SuperNeurons' merge).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Block:
+    addr: int
+    size: int
+    segment: Segment
+    free: bool = True
+    prev: Block | None = None
+    next: Block | None = None
+
+    def key(self) -> tuple[int, int]:
+        return (self.size, self.addr)
+
+
+@dataclass(eq=False)
+class Segment:
+    addr: int
+    size: int
+    pool: str
+    stream: int
+    blocks_in_use: int = 0
+    head: Block | None = field(default=None, repr=False)
+
+    def is_free(self) -> bool:
+        return self.blocks_in_use == 0
+
+
+class FreeIndex:
+    """Free blocks of one pool and stream, sorted by (size, addr) for best fit and kept in a
+    second list by address for first fit."""
+
+    def __init__(self) -> None:
+        self.by_size: list[tuple[int, int]] = []
+        self.by_addr: list[int] = []
+        self.blocks: dict[int, Block] = {}
+
+    def add(self, block: Block) -> None:
+        bisect.insort(self.by_size, block.key())
+        bisect.insort(self.by_addr, block.addr)
+        self.blocks[block.addr] = block
+
+    def remove(self, block: Block) -> None:
+        i = bisect.bisect_left(self.by_size, block.key())
+        del self.by_size[i]
+        j = bisect.bisect_left(self.by_addr, block.addr)
+        del self.by_addr[j]
+        del self.blocks[block.addr]
+
+    def best_fit(self, size: int) -> Block | None:
+        """The smallest free block of at least `size` bytes (lowest address on ties)."""
+        i = bisect.bisect_left(self.by_size, (size, -1))
+        return self.blocks[self.by_size[i][1]] if i < len(self.by_size) else None
+
+    def first_fit(self, size: int) -> Block | None:
+        """The free block of at least `size` bytes with the lowest address."""
+        for addr in self.by_addr:
+            block = self.blocks[addr]
+            if block.size >= size:
+                return block
+        return None
+
+    def largest(self) -> int:
+        return self.by_size[-1][0] if self.by_size else 0
+
+    def __len__(self) -> int:
+        return len(self.by_size)
+
+
+class BlockPool:
+    """Segments and their blocks for one (pool, stream); split and merge."""
+
+    def __init__(self) -> None:
+        self.free = FreeIndex()
+        self.segments: list[Segment] = []
+
+    def add_segment(self, addr: int, size: int, pool: str, stream: int) -> Block:
+        seg = Segment(addr, size, pool, stream)
+        block = Block(addr, size, seg)
+        seg.head = block
+        self.segments.append(seg)
+        self.free.add(block)
+        return block
+
+    def take(self, block: Block, size: int, split: bool) -> Block:
+        """Mark `block` used; if `split`, its tail beyond `size` becomes a new free block."""
+        self.free.remove(block)
+        if split and block.size > size:
+            rest = Block(block.addr + size, block.size - size, block.segment, True, block,
+                         block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self.free.add(rest)
+        block.free = False
+        block.segment.blocks_in_use += 1
+        return block
+
+    def give_back(self, block: Block) -> None:
+        """Free a block and merge it with free neighbours in its segment."""
+        block.free = True
+        block.segment.blocks_in_use -= 1
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self.free.remove(neighbour)
+                if neighbour is block.prev:
+                    neighbour.size += block.size
+                    neighbour.next = block.next
+                    if block.next is not None:
+                        block.next.prev = neighbour
+                    block = neighbour
+                else:
+                    block.size += neighbour.size
+                    block.next = neighbour.next
+                    if neighbour.next is not None:
+                        neighbour.next.prev = block
+        self.free.add(block)
+
+    def release_free_segments(self) -> int:
+        """cudaFree every segment with no block in use; returns the bytes given back."""
+        released = 0
+        for seg in [s for s in self.segments if s.is_free()]:
+            assert seg.head is not None and seg.head.size == seg.size
+            self.free.remove(seg.head)
+            self.segments.remove(seg)
+            released += seg.size
+        return released

@@ -1,0 +1,108 @@
+"""`caching`: PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp).
+
+Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
+- sizes round up to multiples of 512 B (kMinBlockSize);
+- requests of at most 1 MiB (kSmallSize) come from the small pool, whose segments are 2 MiB
+  (kSmallBuffer); larger ones from the large pool, whose segments are 20 MiB (kLargeBuffer) for
+  requests under 10 MiB (kMinLargeAlloc) and the request rounded up to 2 MiB (kRoundLarge)
+  otherwise;
+- a request takes the best-fitting free block of its pool and stream (blocks freed on one stream
+  serve only that stream: stream-ordered frees);
+- a block is split when the remainder is at least 512 B (small pool) or above 1 MiB (large
+  pool); otherwise the whole block is handed out and counted as allocated, as PyTorch does;
+- a freed block merges with free neighbours in its segment; segments stay reserved;
+- when a new segment would pass the capacity, every fully free segment is released
+  (release_cached_blocks) and the cudaMalloc retried once; if it still does not fit: out of
+  memory, even though free bytes may exist inside segments (fragmentation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Allocator, AllocatorSpec, register_allocator
+from .blocks import Block, BlockPool
+
+MIN_BLOCK = 512
+SMALL_SIZE = 1 << 20
+SMALL_BUFFER = 2 << 20
+LARGE_BUFFER = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def round_size(size_bytes: int) -> int:
+    if size_bytes < MIN_BLOCK:
+        return MIN_BLOCK
+    return MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
+
+
+def segment_size(size_bytes: int) -> int:
+    if size_bytes <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size_bytes < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * ((size_bytes + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+class CachingAllocator(Allocator):
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__(capacity_bytes)
+        self.pools: dict[tuple[str, int], BlockPool] = {}
+        self.next_addr = 1 << 32  # virtual addresses, deterministic
+
+    def _pool(self, pool: str, stream: int) -> BlockPool:
+        return self.pools.setdefault((pool, stream), BlockPool())
+
+    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
+        size = round_size(size_bytes)
+        kind = "small" if size <= SMALL_SIZE else "large"
+        pool = self._pool(kind, stream)
+        block = pool.free.best_fit(size)
+        if block is None:
+            grow = segment_size(size)
+            if self.reserved_bytes + grow > self.capacity_bytes:
+                self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
+                if self.reserved_bytes + grow > self.capacity_bytes:
+                    return None
+            block = pool.add_segment(self.next_addr, grow, kind, stream)
+            self.next_addr += grow
+            self.reserved_bytes += grow
+            self.segment_allocs += 1
+        remaining = block.size - size
+        split = remaining >= MIN_BLOCK if kind == "small" else remaining > SMALL_SIZE
+        pool.take(block, size, split)
+        self.allocated_bytes += block.size
+        return block
+
+    def free(self, block: object) -> None:
+        assert isinstance(block, Block) and not block.free
+        self.allocated_bytes -= block.size
+        self._pool(block.segment.pool, block.segment.stream).give_back(block)
+
+    def block_size(self, block: object) -> int:
+        assert isinstance(block, Block)
+        return block.size
+
+    def block_addr(self, block: object) -> int:
+        assert isinstance(block, Block)
+        return block.addr
+
+    def free_in_segments_bytes(self) -> int:
+        return sum(b.size for p in self.pools.values() for b in p.free.blocks.values())
+
+    def largest_free_bytes(self) -> int:
+        cached = max((p.free.largest() for p in self.pools.values()), default=0)
+        releasable = sum(s.size for p in self.pools.values() for s in p.segments if s.is_free())
+        return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
+
+
+@register_allocator
+@dataclass(frozen=True)
+class Caching(AllocatorSpec):
+    name = "caching"
+    description = ("PyTorch's CUDA caching allocator: 512 B rounding, small/large pools, "
+                   "best-fit with splitting and merging, per-stream pools, segment growth")
+
+    def build(self, capacity_bytes: int) -> Allocator:
+        return CachingAllocator(capacity_bytes)
