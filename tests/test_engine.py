@@ -174,3 +174,23 @@ def test_same_inputs_same_report():
     a = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)])
     b = run(TWO, [Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)])
     assert a == b
+
+
+@dataclass(frozen=True)
+class Pageable(Policy):
+    """The plan of test_offload_overlaps_compute, staged through pageable host memory."""
+    name = "pageable"
+
+    def plan(self, trace, hw, capacity_bytes):
+        return Plan(actions=(Offload(0, at_op=0), Prefetch(0, at_op=2, needed_by=3)),
+                    pinned=False)
+
+
+def test_pageable_copies_are_slower_and_block_the_host():
+    # Pageable path: 500 B/us, so 10,000 B take 20 us. The D2H copy runs 0-20 with op0; op1
+    # cannot launch before it ends (20): no delay since op0 also ends at 20. The prefetch issued
+    # at op2's launch (40) blocks that launch until 60: 20 us stall; op2 60-90, op3 90-120.
+    r = simulate(TWO, hardware(), Pageable(), make_allocator("exact"), 10**6).report
+    assert r["stall_time_us"] == pytest.approx(20)
+    assert r["iteration_time_us"] == pytest.approx(120)
+    assert r["pinned_host_peak_bytes"] == 0

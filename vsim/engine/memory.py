@@ -34,8 +34,9 @@ class DeviceMemory:
     """Allocator plus residency. Methods return False/None instead of raising on out of memory
     so that the engine can turn it into a result."""
 
-    def __init__(self, allocator: Allocator) -> None:
+    def __init__(self, allocator: Allocator, count_pinned: bool = True) -> None:
         self.allocator = allocator
+        self.count_pinned = count_pinned
         self.blocks: dict[int, object] = {}
         self.state: dict[int, str] = {}
         self.events: list[MemEvent] = []
@@ -77,11 +78,14 @@ class DeviceMemory:
             self._reserved_seen = reserved
 
     def pin(self, size_bytes: int) -> None:
+        if not self.count_pinned:
+            return
         self.host_bytes += size_bytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
 
     def unpin(self, size_bytes: int) -> None:
-        self.host_bytes -= size_bytes
+        if self.count_pinned:
+            self.host_bytes -= size_bytes
 
     def oom(self, op: int | None, tensor: int, need_bytes: int) -> OutOfMemory:
         a = self.allocator

@@ -104,7 +104,10 @@ class Engine:
         self.index = _PlanIndex(plan)
         self.env = simpy.Environment()
         self.link = Link(self.env, hw)
-        self.memory = DeviceMemory(allocator)
+        # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
+        # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
+        self.memory = DeviceMemory(allocator,
+                                   count_pinned=plan.pinned and not plan.pinned_pool_bytes)
         self.tensors: dict[int, Tensor] = trace.tensor_by_id()
         self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
         self.done: dict[int, simpy.Event] = {op.id: self.env.event() for op in trace.ops}
@@ -115,6 +118,7 @@ class Engine:
         self.finished: set[int] = set()               # ops that have ended
         self.free_pending: set[int] = set()           # freed by the trace while a copy reads it
         self.copies_in_flight = 0
+        self.host_blocking: list[simpy.Event] = []    # pageable copies the host waits for
         self.executed: list[_ExecutedOp] = []
         self.copies: list[Copy] = []
         self.oom: OutOfMemory | None = None
@@ -193,7 +197,10 @@ class Engine:
             for pre in self.index.prefetch_at.get(op.id, []):
                 self._issue_prefetch(pre)
             recomputes = self.index.recompute_before.get(op.id, [])
-            waits = [self.done[d] for d in op.deps if not self.done[d].triggered]
+            # Pageable copies are synchronous for the host: nothing launches until they end.
+            waits = [e for e in self.host_blocking if not e.triggered]
+            self.host_blocking.clear()
+            waits += [self.done[d] for d in op.deps if not self.done[d].triggered]
             waits += self._reads_ready(op, recomputes)
             if waits:
                 yield self.env.all_of(waits)
@@ -342,15 +349,16 @@ class Engine:
         self.released[t] = self.env.event()
         release_after = off.release_after if off.release_after is not None else off.at_op
         self.copies_in_flight += 1
+        if not self.plan.pinned:
+            self.host_blocking.append(self.copied_out[t])
         self.env.process(self._offload(t, release_after))
 
     def _offload(self, t: int, release_after: int) -> Generator[simpy.Event, Any, None]:
         size = self.tensors[t].size_bytes
         if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
             yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
-        if not self.plan.pinned_pool_bytes:
-            self.memory.pin(size)
-        start, end = yield from self.link.copy("d2h", size)
+        self.memory.pin(size)
+        start, end = yield from self.link.copy("d2h", size, self.plan.pinned)
         self.copies_in_flight -= 1
         self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
         self.copied_out[t].succeed()
@@ -362,8 +370,7 @@ class Engine:
     def _release_offloaded(self, t: int, op: int) -> None:
         if t in self.free_pending:  # the trace freed it meanwhile: no need to keep the host copy
             self.free_pending.discard(t)
-            if not self.plan.pinned_pool_bytes:
-                self.memory.unpin(self.tensors[t].size_bytes)
+            self.memory.unpin(self.tensors[t].size_bytes)
             self.memory.release(t, self.env.now, op, FREED)
         else:
             self.memory.release(t, self.env.now, op, HOST)
@@ -375,6 +382,8 @@ class Engine:
             return  # already on its way
         self.prefetched[t] = self.env.event()
         self.copies_in_flight += 1
+        if not self.plan.pinned:
+            self.host_blocking.append(self.prefetched[t])
         self.env.process(self._prefetch(pre))
 
     def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
@@ -390,11 +399,10 @@ class Engine:
         if not (yield from self._alloc_waiting(t, pre.at_op, PREFETCHING)):
             return
         size = self.tensors[t].size_bytes
-        start, end = yield from self.link.copy("h2d", size)
+        start, end = yield from self.link.copy("h2d", size, self.plan.pinned)
         self.copies_in_flight -= 1
         self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
-        if not self.plan.pinned_pool_bytes:
-            self.memory.unpin(size)
+        self.memory.unpin(size)
         self.memory.state[t] = DEVICE
         if t in self.free_pending:
             self.free_pending.discard(t)

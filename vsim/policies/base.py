@@ -82,7 +82,9 @@ Action = Offload | Prefetch | Sync | Drop | Recompute | Release | Retime
 @dataclass(frozen=True)
 class Plan:
     """What a policy decided. `notes` are shown in the report (e.g. where retimed op durations
-    come from); `pinned_pool_bytes` is pinned host memory allocated up front (0: per copy).
+    come from); `pinned_pool_bytes` is pinned host memory allocated up front (0: per copy);
+    `pinned_lazy` charges cudaMallocHost for each offload buffer; `pinned=False` stages copies
+    through pageable memory: slower, and the host waits for each copy before the next launch.
     `wait_for_memory`: an allocation that does not fit waits for offloads in flight to give
     their device memory back (a runtime that blocks on its memory pool, as vDNN++ and
     SuperNeurons do) instead of failing at once; out of memory only when none is in flight."""
@@ -91,6 +93,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     pinned_pool_bytes: int = 0
     pinned_lazy: bool = False
+    pinned: bool = True
     wait_for_memory: bool = False
 
 
