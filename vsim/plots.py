@@ -104,6 +104,7 @@ def _save(fig: Any, path: str) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)

@@ -117,10 +117,17 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a saved trace is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 # ---------------------------------------------------------------- reading
