@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .trace.io import default_file_mode  # noqa: E402
 from .trace.schema import TENSOR_KINDS, Trace
 
 KIND_COLORS = {
