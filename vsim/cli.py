@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_list)
 
+    p = verbs.add_parser("validate", help="predicted vs measured; exit 1 outside tolerance")
+    p.add_argument("cases", nargs="*", default=["validation/cases"],
+                   help="case files or folders (default: validation/cases)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default="validation/predicted-vs-measured.png",
+                   help="scatter plot of predicted against measured (default: %(default)s; "
+                   "'none' for no plot)")
+    p.set_defaults(handler=cmd_validate)
+
     p = verbs.add_parser("record", help="record a training iteration into a trace (needs torch)")
     p.add_argument("model", help="zoo model name, torchvision name or module:callable")
     p.add_argument("--batch", type=int, required=True)
@@ -315,3 +324,48 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     tmp.replace(args.output)
     _progress(f"wrote {args.output}")
     return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import load_cases, validate
+
+    cases = load_cases(args.cases)
+    if not cases:
+        raise ConfigError(f"no validation cases found in {', '.join(args.cases)}")
+    if args.plot != "none":
+        _check_output(args.plot, "--plot")
+    result = validate(cases, progress=None if args.json else _progress)
+    if args.plot != "none":
+        from .plots import plot_validation
+        plot_validation(result["cases"], args.plot)
+    if args.json:
+        _emit_json(result)
+    else:
+        print(format_validation(result))
+        if args.plot != "none":
+            print(f"plot: {args.plot}")
+    return 0 if all(r["ok"] for r in result["cases"]) else 1
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def format_validation(result: dict[str, Any]) -> str:
+    lines = [f"{'case':38} {'time pred':>10} {'meas':>10} {'err':>7}  {'peak pred':>10} "
+             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok"]
+    for r in result["cases"]:
+        p, m, e = r["predicted"], r["measured"], r["error"]
+        fits = ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!")
+        lines.append(
+            f"{r['id'][:38]:38} {format_time(p['iteration_time_us']):>10} "
+            f"{format_time(m['iteration_time_us']):>10} {_pct(e['iteration_time']):>7}  "
+            f"{format_size(p['peak_allocated_bytes']):>10} "
+            f"{format_size(m['peak_allocated_bytes']):>10} {_pct(e['peak_allocated']):>7}  "
+            f"{_pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}")
+    s = result["summary"]
+    lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
+                 f"{_pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
+                 f"{_pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    return "\n".join(lines)
+

@@ -98,6 +98,35 @@ def plot_run(trace: Trace, report: dict[str, Any], path: str) -> None:
     _save(fig, path)
 
 
+def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
+    """Predicted against measured iteration time and peak allocated, one point per case, with
+    the identity line and the cases outside tolerance in red."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, key, scale, unit, label in (
+            (axes[0], "iteration_time_us", 1e3, "ms", "iteration time"),
+            (axes[1], "peak_allocated_bytes", GIB, "GiB", "peak allocated")):
+        pts = [(r["measured"][key] / scale, r["predicted"][key] / scale, r["ok"], r["id"])
+               for r in rows if r["measured"].get(key) is not None and r["measured"]["fits"]
+               and r["predicted"]["fits"]]
+        if pts:
+            hi = max(max(m, p) for m, p, _, _ in pts) * 1.1
+            ax.plot([0, hi], [0, hi], color="gray", linewidth=1, label="predicted = measured")
+            for ok in (True, False):
+                sel = [(m, p) for m, p, o, _ in pts if o is ok]
+                if sel:
+                    ax.scatter(*zip(*sel, strict=True), color="#4c72b0" if ok else "#d62728",
+                               label="within tolerance" if ok else "outside tolerance", zorder=3)
+            ax.set_xlim(0, hi)
+            ax.set_ylim(0, hi)
+        ax.set_xlabel(f"measured {label} ({unit})")
+        ax.set_ylabel(f"predicted {label} ({unit})")
+        ax.set_title(f"{label}: {len(pts)} cases")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def _save(fig: Any, path: str) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",

@@ -1,0 +1,77 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from vsim.cli import main
+from vsim.errors import ConfigError
+from vsim.validate import load_cases
+
+TINY = Path(__file__).parent / "data" / "tiny.vsim.json"
+
+
+def write_case(root: Path, **fields) -> Path:
+    (root / "validation" / "cases").mkdir(parents=True, exist_ok=True)
+    (root / "traces").mkdir(exist_ok=True)
+    (root / "traces" / "tiny.vsim.json").write_text(TINY.read_text())
+    case = {"id": "tiny-none", "trace": "traces/tiny.vsim.json", "hardware": "h100-sxm",
+            "policy": "none", "measured": "trace", **fields}
+    path = root / "validation" / "cases" / f"{case['id']}.yaml"
+    path.write_text(json.dumps(case))  # JSON is YAML
+    return path
+
+
+def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys):
+    # tiny: op0 0-10 us, op1 15-40 us (5 us launch gap kept): predicted 40 us = measured 40 us.
+    # Peak: w 1000 + x 500 + y 1500 + dw 1000 = 4000 B against 3000 measured: +33%, a miss at
+    # the default 3% tolerance, so the command exits 1.
+    write_case(tmp_path)
+    code = main(["validate", str(tmp_path / "validation" / "cases"), "--json",
+                 "--plot", str(tmp_path / "scatter.png")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    row = out["cases"][0]
+    assert row["error"]["iteration_time"] == pytest.approx(0.0)
+    assert row["error"]["peak_allocated"] == pytest.approx(1 / 3)
+    assert row["ok"] is False
+    assert out["summary"] == {"n": 1, "time_mape": pytest.approx(0.0),
+                              "peak_mape": pytest.approx(1 / 3), "reserved_mape": pytest.approx(
+                                  abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0}
+    assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_within_a_wide_tolerance_exits_0(tmp_path, capsys):
+    write_case(tmp_path, tolerance={"peak_allocated": "40%"})
+    assert main(["validate", str(tmp_path / "validation"), "--plot", "none"]) == 0
+    assert "1 cases, 1 within tolerance" in capsys.readouterr().out
+
+
+def test_measured_out_of_memory_must_be_predicted(tmp_path, capsys):
+    measured = tmp_path / "validation" / "measured" / "tiny-oom.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text(json.dumps({"iteration_time_us": 0, "peak_allocated_bytes": 0,
+                                    "fits": False}))
+    # 2 KiB cannot even hold w + x + y (3000 B): predicted out of memory too -> ok.
+    write_case(tmp_path, memory="2KiB", measured="validation/measured/tiny-oom.json")
+    assert main(["validate", str(tmp_path / "validation"), "--json", "--plot", "none"]) == 0
+    row = json.loads(capsys.readouterr().out)["cases"][0]
+    assert row["predicted"]["fits"] is False and row["ok"] is True
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"policy": None}, "missing required field 'policy'"),
+    ({"colour": "red"}, "unknown field(s) colour"),
+    ({"tolerance": {"speed": "5%"}}, "tolerance.speed: unknown metric"),
+    ({"tolerance": {"iteration_time": 0.05}}, "percentage"),
+    ({"memory": "12"}, "without a unit"),
+])
+def test_bad_cases_name_file_and_key(tmp_path, fields, fragment):
+    path = write_case(tmp_path, **fields)
+    with pytest.raises(Exception) as err:
+        load_cases([str(path)])
+    assert str(path) in str(err.value) and fragment in str(err.value)
+
+
+def test_missing_case_path_is_an_error():
+    with pytest.raises(ConfigError, match="no such case file"):
+        load_cases(["/nonexistent/cases"])

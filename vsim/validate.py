@@ -1,0 +1,200 @@
+"""Hold predictions against measured runs: cases, comparison, tolerances.
+
+A case (validation/cases/*.yaml) names a trace, a hardware profile, a policy, an allocator, a
+capacity, where the measured result is, and the tolerances:
+
+    id: vgg16-b64-h100-none
+    trace: traces/vgg16-b64-h100.vsim.json.gz
+    hardware: h100-sxm
+    policy: none
+    allocator: exact          # optional, default exact
+    memory: 12GiB             # optional, default the profile's capacity
+    measured: trace           # the trace's own `measured` block, or a JSON file from `vsim measure`
+    tolerance: {iteration_time: 10%, peak_allocated: 3%}
+
+A file may hold one case or a list under `cases:`. Paths are relative to the repository root
+(the folder holding validation/), so cases run from anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, VsimError
+from .hardware import parse_percent
+from .units import parse_size
+
+METRICS = ("iteration_time", "peak_allocated", "peak_reserved")
+DEFAULT_TOLERANCE = {"iteration_time": 0.10, "peak_allocated": 0.03}
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    trace: Path
+    hardware: str
+    policy: str
+    allocator: str
+    memory_bytes: int | None
+    measured: str            # "trace" or a path
+    tolerance: dict[str, float]
+    source: str              # the case file, for messages
+
+
+def repo_root(start: Path) -> Path:
+    """The nearest folder above `start` that holds validation/ (or `start`'s folder)."""
+    for folder in [start, *start.parents]:
+        if (folder / "validation").is_dir():
+            return folder
+    return start if start.is_dir() else start.parent
+
+
+def load_cases(paths: list[str]) -> list[Case]:
+    """Cases from files or folders (all *.yaml inside). ConfigError naming file and key."""
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.yaml")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ConfigError(f"no such case file or folder: {p}")
+    cases: list[Case] = []
+    for f in files:
+        try:
+            doc = yaml.safe_load(f.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"invalid YAML{at}", str(f)) from None
+        if isinstance(doc, dict) and doc.get("kind") == "paper":
+            continue  # paper figures are checked by vsim.paper, not here
+        entries = doc.get("cases") if isinstance(doc, dict) and "cases" in doc else [doc]
+        if not isinstance(entries, list):
+            raise ConfigError("'cases' must be a list", str(f))
+        root = repo_root(f.resolve().parent)
+        for i, entry in enumerate(entries):
+            cases.append(_case(entry, f, root, f"cases[{i}]" if len(entries) > 1 else ""))
+    ids = [c.id for c in cases]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate case ids: {', '.join(dupes)}")
+    return cases
+
+
+def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
+    where = f"{f}: {place}" if place else str(f)
+    if not isinstance(entry, dict):
+        raise ConfigError("a case must be a mapping", where)
+    for key in ("id", "trace", "hardware", "policy", "measured"):
+        if not entry.get(key):
+            raise ConfigError(f"missing required field {key!r}", where)
+    known = {"id", "trace", "hardware", "policy", "allocator", "memory", "measured", "tolerance",
+             "note"}
+    unknown = set(entry) - known
+    if unknown:
+        raise ConfigError(f"unknown field(s) {', '.join(sorted(unknown))}; valid: "
+                          f"{', '.join(sorted(known))}", where)
+    tolerance = dict(DEFAULT_TOLERANCE)
+    for key, value in (entry.get("tolerance") or {}).items():
+        if key not in METRICS:
+            raise ConfigError(f"tolerance.{key}: unknown metric; valid: {', '.join(METRICS)}",
+                              where)
+        tolerance[key] = parse_percent(value, f"{where}: tolerance.{key}")
+    measured = str(entry["measured"])
+    if measured != "trace":
+        measured = str(root / measured)
+    memory = entry.get("memory")
+    return Case(id=str(entry["id"]), trace=root / str(entry["trace"]),
+                hardware=str(entry["hardware"]), policy=str(entry["policy"]),
+                allocator=str(entry.get("allocator", "exact")),
+                memory_bytes=None if memory is None else parse_size(memory, f"{where}: memory"),
+                measured=measured, tolerance=tolerance, source=str(f))
+
+
+def measured_result(case: Case, trace_measured: Any) -> dict[str, Any]:
+    """{iteration_time_us, peak_allocated_bytes, peak_reserved_bytes, fits} of the real run."""
+    if case.measured == "trace":
+        if trace_measured is None:
+            raise ConfigError(f"case {case.id}: measured: trace, but the trace has no measured "
+                              "block", case.source)
+        return {"iteration_time_us": trace_measured.iteration_time_us,
+                "peak_allocated_bytes": trace_measured.peak_allocated_bytes,
+                "peak_reserved_bytes": trace_measured.peak_reserved_bytes, "fits": True}
+    try:
+        doc = json.loads(Path(case.measured).read_text())
+    except OSError as exc:
+        raise ConfigError(f"case {case.id}: cannot read measured file: {exc.strerror}",
+                          case.measured) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid JSON at line {exc.lineno}", case.measured) from None
+    for key in ("iteration_time_us", "peak_allocated_bytes", "fits"):
+        if key not in doc:
+            raise ConfigError(f"missing required field {key!r}", case.measured)
+    return doc
+
+
+def relative_error(predicted: float, measured: float) -> float | None:
+    return None if not measured else (predicted - measured) / measured
+
+
+def run_case(case: Case) -> dict[str, Any]:
+    """Simulate one case and compare; the row of `vsim validate --json`."""
+    from .allocator import make_allocator
+    from .engine import simulate
+    from .hardware import load_hardware
+    from .policies import make_policy
+    from .trace import load_trace
+
+    trace = load_trace(case.trace)
+    measured = measured_result(case, trace.measured)
+    report = simulate(trace, load_hardware(case.hardware), make_policy(case.policy),
+                      make_allocator(case.allocator), case.memory_bytes).report
+    predicted = {k: report[k] for k in ("iteration_time_us", "peak_allocated_bytes",
+                                        "peak_reserved_bytes", "fits")}
+    error: dict[str, float | None] = {}
+    ok = predicted["fits"] == bool(measured["fits"])
+    for metric in METRICS:
+        key = f"{metric}_us" if metric == "iteration_time" else f"{metric}_bytes"
+        if measured.get(key) is None or not measured["fits"] or not predicted["fits"]:
+            error[metric] = None
+            continue
+        err = relative_error(float(predicted[key]), float(measured[key]))
+        error[metric] = err
+        if metric in case.tolerance and err is not None and abs(err) > case.tolerance[metric]:
+            ok = False
+    return {"id": case.id, "predicted": predicted, "measured": measured, "error": error,
+            "tolerance": case.tolerance, "ok": ok}
+
+
+def validate(cases: list[Case], progress: Callable[[str], None] | None = None
+             ) -> dict[str, Any]:
+    """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct}}."""
+    rows = []
+    for i, case in enumerate(cases, 1):
+        if progress:
+            progress(f"[{i}/{len(cases)}] {case.id}")
+        try:
+            rows.append(run_case(case))
+        except VsimError as exc:
+            raise ConfigError(f"case {case.id}: {exc}", case.source) from None
+    return {"cases": rows, "summary": summarize(rows)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mape(metric: str) -> float | None:
+        errs = [abs(r["error"][metric]) for r in rows if r["error"].get(metric) is not None]
+        return sum(errs) / len(errs) if errs else None
+
+    return {"n": len(rows), "time_mape": mape("iteration_time"),
+            "peak_mape": mape("peak_allocated"), "reserved_mape": mape("peak_reserved"),
+            "fits_correct": sum(r["predicted"]["fits"] == bool(r["measured"]["fits"])
+                                for r in rows),
+            "ok": sum(r["ok"] for r in rows)}
