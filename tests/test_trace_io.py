@@ -152,3 +152,21 @@ def test_plain_json_and_gzip_read_alike(tmp_path):
     plain = tmp_path / "t.vsim.json"
     shutil.copy(TINY, plain)
     assert load_trace(gz) == load_trace(plain) == trace_from_json(tiny_doc())
+
+
+def test_cross_stream_use_is_ordered_through_deps(tmp_path):
+    """Stream 0: op0 writes y. Stream 3: op1 depends on op0 and reads y. Stream 4: op2 depends
+    on op1 only (so on op0 transitively) and frees y: ordered after both the write and the
+    read, so it loads. Without op2's dep the free could run before op1's read: refused."""
+    from vsim.trace import Op, Tensor, Trace
+
+    def build(deps2):
+        return trace_to_json(Trace(
+            meta={"source": "synthetic"},
+            tensors=(Tensor(0, 10, "activation", "y", producer=0, consumers=(1,)),),
+            ops=(Op(0, "a", "l", "other", "fwd", 0, 1, stream=0, writes=(0,)),
+                 Op(1, "b", "l", "other", "fwd", 1, 1, stream=3, reads=(0,), deps=(0,)),
+                 Op(2, "c", "l", "other", "fwd", 2, 1, stream=4, frees=(0,), deps=deps2))))
+    assert trace_from_json(build((1,))).ops[2].frees == (0,)
+    _expect_error(build((0,)), "traceEvents[2].args.frees[0]: tensor 0 is freed on stream 4 "
+                  "while op 1 on stream 3 reads it", tmp_path)

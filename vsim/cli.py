@@ -20,9 +20,19 @@ from .units import format_size, format_time, parse_size
 EXIT_BAD_INPUT = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors end like every other bad input: one line, exit code 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_BAD_INPUT, f"vsim: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage error (printed by _Parser.error), --help or --version
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_BAD_INPUT
@@ -32,13 +42,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VsimError as exc:
         print(f"vsim: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:  # an output that cannot be written (permissions, disk full, ...)
+        name = f"{exc.filename}: " if exc.filename else ""
+        print(f"vsim: error: {name}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("vsim: interrupted", file=sys.stderr)
         return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vsim", description="Trace-driven simulator of GPU memory virtualization for DNN "
         "training (vDNN, vDNN++, SuperNeurons, recomputation, ...).")
     parser.add_argument("--version", action="version", version=f"vsim {__version__}")
@@ -120,6 +134,24 @@ def _check_output(path: str, flag: str) -> None:
     parent = Path(path).parent
     if str(parent) and not parent.exists():
         raise ConfigError(f"{flag}: folder {str(parent)!r} does not exist")
+    if Path(path).is_dir():
+        raise ConfigError(f"{flag}: {path!r} is a folder; give a file name")
+
+
+def _check_capacity(trace_path: str, trace: Any, hw: Any, capacity: int | None) -> None:
+    """A capacity below what is resident before the first op (weights, optimizer state,
+    inputs) is impossible input, not an out-of-memory result: no policy can even start."""
+    from .metrics import resident_bytes
+
+    resident = resident_bytes(trace)
+    usable = hw.capacity_bytes if capacity is None else capacity
+    if usable >= resident:
+        return
+    given = (f"--memory {format_size(usable)}" if capacity is not None else
+             f"{hw.name}'s capacity {format_size(usable)} (give --memory or another --hw)")
+    raise ConfigError(f"{given} is below the {format_size(resident)} ({resident} B) that must "
+                      "be on the GPU before the first op (weights, optimizer state, inputs)",
+                      trace_path)
 
 
 # ------------------------------------------------------------------ verbs
@@ -143,6 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     policies = [make_policy(s) for s in specs]
     allocator = make_allocator(args.allocator)
     trace = load_trace(args.trace)
+    _check_capacity(args.trace, trace, hw, capacity)
     if capacity is not None and capacity > hw.capacity_bytes and not args.json:
         _progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
                   f"({format_size(hw.capacity_bytes)}): simulating a larger card")

@@ -122,6 +122,8 @@ def load_hardware(name_or_path: str) -> Hardware:
         doc = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise HardwareError(f"cannot read profile: {exc.strerror or exc}", where) from None
+    except UnicodeDecodeError:
+        raise HardwareError("not a text YAML file (binary data)", where) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -183,7 +185,11 @@ class _ProfileReader:
     def copy_path(self, doc: Any, path: str) -> CopyPath:
         doc = self.section(doc, path)
         table = []
-        for i, point in enumerate(doc.get("efficiency", []) or []):
+        points = doc.get("efficiency", []) or []
+        if not isinstance(points, list):
+            raise HardwareError(f"{path}.efficiency: expected a list of {{size: ..., "
+                                f"fraction: ...%}}", self.where)
+        for i, point in enumerate(points):
             pp = f"{path}.efficiency[{i}]"
             if not isinstance(point, dict) or set(point) != {"size", "fraction"}:
                 raise HardwareError(f"{pp}: expected {{size: ..., fraction: ...%}}", self.where)

@@ -93,11 +93,17 @@ def summary(trace: Trace) -> dict[str, Any]:
     }
 
 
+def resident_bytes(trace: Trace) -> int:
+    """Bytes on the GPU before the first op: tensors no op produces (weights, optimizer state,
+    inputs). A capacity below this cannot run the iteration under any policy."""
+    return sum(t.size_bytes for t in trace.tensors if t.producer is None)
+
+
 def liveness_peak_bytes(trace: Trace) -> int:
     """Peak of live tensor bytes over the op sequence with the trace's own lifetimes (no policy,
     no fragmentation): resident tensors from the start, outputs from their producer's start,
     frees at the freeing op's end. What `vsim run --policy none --allocator exact` reports."""
-    live = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    live = resident_bytes(trace)
     size = {t.id: t.size_bytes for t in trace.tensors}
     peak = live
     for op in trace.ops:

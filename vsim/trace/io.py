@@ -40,6 +40,16 @@ from .schema import (
 GPU_PID = 1
 _ALLOCATOR_TID = 1000  # allocator events of stream 0 would sit under the compute slices
 
+# Bounds that keep every sum and product the engine and metrics form finite and exact. Times are
+# microseconds from the iteration's start: 1e15 us is 31 years, so a larger value is a unit or
+# epoch mistake (Kineto's absolute timestamps are about 1.7e15 us). Sizes up to 2^53 bytes
+# (8 PiB) stay exact as JSON numbers in every reader (Perfetto's is JavaScript).
+MAX_TIME_US = 1e15
+MAX_BYTES = 2**53
+# Attributes that vsim itself interprets, and the kind of value each must hold.
+_TIME_ATTRS = ("stall_us", "dur_us_memory_algo")
+_ID_ATTRS = ("recompute_of", "trace_op")
+
 
 # ---------------------------------------------------------------- writing
 
@@ -158,7 +168,10 @@ def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:
     """Validate a parsed JSON document and build the Trace."""
     reader = _Reader(where)
     doc = reader.obj(doc, "")
-    sidecar = reader.obj(doc.get("vsim"), "vsim")
+    if "vsim" not in doc:
+        raise reader.fail("", "missing required field 'vsim' (not a vsim trace; a PyTorch "
+                          "profiler trace converts with `vsim import kineto`)")
+    sidecar = reader.obj(doc["vsim"], "vsim")
     fmt = sidecar.get("format")
     if fmt != FORMAT:
         raise TraceError(f"vsim.format is {fmt!r}, expected {FORMAT!r}", where)
@@ -200,12 +213,39 @@ class _Reader:
             raise self.fail(path, f"must be at least {minimum}, got {value}")
         return value
 
+    def size(self, value: Any, path: str) -> int:
+        """Bytes: an integer from 0 to MAX_BYTES."""
+        size = self.integer(value, path)
+        if size > MAX_BYTES:
+            raise self.fail(path, f"{size} bytes is more than 2^53 (8 PiB)")
+        return size
+
     def number(self, value: Any, path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(path, f"expected a number, got {value!r}")
         if not math.isfinite(value) or value < 0:
             raise self.fail(path, f"must be finite and not negative, got {value!r}")
         return float(value)
+
+    def time(self, value: Any, path: str) -> float:
+        """Microseconds from the iteration's start: a number from 0 to MAX_TIME_US."""
+        time_us = self.number(value, path)
+        if time_us > MAX_TIME_US:
+            raise self.fail(path, f"{value!r} us is more than 1e15 us (31 years); times are "
+                            "microseconds from the iteration's start")
+        return time_us
+
+    def strict(self, value: Any, path: str) -> None:
+        """Free-form data vsim keeps and writes back (meta, attrs, counters): no NaN or
+        Infinity, which strict JSON (and so Perfetto) cannot hold."""
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(path, f"{value!r} is not a finite number (not valid JSON)")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.strict(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.strict(v, f"{path}[{i}]")
 
     def string(self, value: Any, path: str, choices: tuple[str, ...] | None = None) -> str:
         if not isinstance(value, str):
@@ -228,6 +268,11 @@ class _Reader:
         sidecar = doc["vsim"]
         meta = self.obj(self.key(sidecar, "meta", "vsim"), "vsim.meta")
         self.string(self.key(meta, "source", "vsim.meta"), "vsim.meta.source", SOURCES)
+        self.strict(meta, "vsim.meta")
+        if "iteration_tail_us" in meta:
+            self.time(meta["iteration_tail_us"], "vsim.meta.iteration_tail_us")
+        for k, v in self.obj(meta.get("stream_names", {}), "vsim.meta.stream_names").items():
+            self.string(v, f"vsim.meta.stream_names.{k}")
         measured = self.measured(sidecar.get("measured"))
         tensors = tuple(self.tensor(t, f"vsim.tensors[{i}]") for i, t in
                         enumerate(self.lst(self.key(sidecar, "tensors", "vsim"), "vsim.tensors")))
@@ -247,6 +292,7 @@ class _Reader:
             elif ph == "i" and cat == "mem":
                 mem.append(self.mem(ev, path))
             elif ph == "C":
+                self.strict(ev, path)
                 counters.append(ev)
             elif not isinstance(ph, str):
                 raise self.fail(f"{path}.ph", f"expected a phase string, got {ph!r}")
@@ -261,19 +307,19 @@ class _Reader:
         path = "vsim.measured"
         m = self.obj(value, path)
         return Measured(
-            iteration_time_us=self.number(self.key(m, "iteration_time_us", path),
-                                          f"{path}.iteration_time_us"),
-            peak_allocated_bytes=self.integer(self.key(m, "peak_allocated_bytes", path),
-                                              f"{path}.peak_allocated_bytes"),
-            peak_reserved_bytes=self.integer(self.key(m, "peak_reserved_bytes", path),
-                                             f"{path}.peak_reserved_bytes"))
+            iteration_time_us=self.time(self.key(m, "iteration_time_us", path),
+                                        f"{path}.iteration_time_us"),
+            peak_allocated_bytes=self.size(self.key(m, "peak_allocated_bytes", path),
+                                           f"{path}.peak_allocated_bytes"),
+            peak_reserved_bytes=self.size(self.key(m, "peak_reserved_bytes", path),
+                                          f"{path}.peak_reserved_bytes"))
 
     def tensor(self, value: Any, path: str) -> Tensor:
         t = self.obj(value, path)
         producer = t.get("producer")
         return Tensor(
             id=self.integer(self.key(t, "id", path), f"{path}.id"),
-            size_bytes=self.integer(self.key(t, "bytes", path), f"{path}.bytes"),
+            size_bytes=self.size(self.key(t, "bytes", path), f"{path}.bytes"),
             kind=self.string(self.key(t, "kind", path), f"{path}.kind", TENSOR_KINDS),
             name=self.string(t.get("name", ""), f"{path}.name"),
             producer=None if producer is None else self.integer(producer, f"{path}.producer"),
@@ -290,17 +336,24 @@ class _Reader:
                 raise self.fail(kp, "expected [name, stream, ts, dur]")
             kernels.append(Kernel(self.string(kern[0], f"{kp}[0]"),
                                   self.integer(kern[1], f"{kp}[1]"),
-                                  self.number(kern[2], f"{kp}[2]"),
-                                  self.number(kern[3], f"{kp}[3]")))
+                                  self.time(kern[2], f"{kp}[2]"),
+                                  self.time(kern[3], f"{kp}[3]")))
         attrs = self.obj(args.get("attrs", {}), f"{ap}.attrs")
+        self.strict(attrs, f"{ap}.attrs")
+        for name in _TIME_ATTRS:
+            if name in attrs:
+                self.time(attrs[name], f"{ap}.attrs.{name}")
+        for name in _ID_ATTRS:
+            if name in attrs:
+                self.integer(attrs[name], f"{ap}.attrs.{name}")
         return Op(
             id=self.integer(self.key(args, "op", ap), f"{ap}.op"),
             name=self.string(self.key(ev, "name", path), f"{path}.name"),
             layer=self.string(self.key(args, "layer", ap), f"{ap}.layer"),
             layer_type=self.string(self.key(args, "layer_type", ap), f"{ap}.layer_type"),
             phase=self.string(self.key(args, "phase", ap), f"{ap}.phase", PHASES),
-            start_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
-            dur_us=self.number(self.key(ev, "dur", path), f"{path}.dur"),
+            start_us=self.time(self.key(ev, "ts", path), f"{path}.ts"),
+            dur_us=self.time(self.key(ev, "dur", path), f"{path}.dur"),
             stream=self.integer(self.key(ev, "tid", path), f"{path}.tid"),
             reads=self.ids(args.get("reads", []), f"{ap}.reads"),
             writes=self.ids(args.get("writes", []), f"{ap}.writes"),
@@ -318,9 +371,9 @@ class _Reader:
             tensor=self.integer(self.key(args, "tensor", ap), f"{ap}.tensor"),
             direction=self.string(self.key(args, "direction", ap), f"{ap}.direction",
                                   COPY_DIRECTIONS),
-            size_bytes=self.integer(self.key(args, "bytes", ap), f"{ap}.bytes"),
-            start_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
-            dur_us=self.number(self.key(ev, "dur", path), f"{path}.dur"),
+            size_bytes=self.size(self.key(args, "bytes", ap), f"{ap}.bytes"),
+            start_us=self.time(self.key(ev, "ts", path), f"{path}.ts"),
+            dur_us=self.time(self.key(ev, "dur", path), f"{path}.dur"),
             stream=self.integer(self.key(ev, "tid", path), f"{path}.tid"))
 
     def mem(self, ev: dict[str, Any], path: str) -> MemEvent:
@@ -329,15 +382,16 @@ class _Reader:
         tensor, op = args.get("tensor"), args.get("op")
         return MemEvent(
             action=self.string(self.key(ev, "name", path), f"{path}.name", MEM_ACTIONS),
-            time_us=self.number(self.key(ev, "ts", path), f"{path}.ts"),
+            time_us=self.time(self.key(ev, "ts", path), f"{path}.ts"),
             addr=self.integer(self.key(args, "addr", ap), f"{ap}.addr"),
-            size_bytes=self.integer(self.key(args, "bytes", ap), f"{ap}.bytes"),
+            size_bytes=self.size(self.key(args, "bytes", ap), f"{ap}.bytes"),
             stream=self.integer(args.get("stream", 0), f"{ap}.stream"),
             tensor=None if tensor is None else self.integer(tensor, f"{ap}.tensor"),
             op=None if op is None else self.integer(op, f"{ap}.op"))
 
     def check_graph(self, tensors: tuple[Tensor, ...], ops: list[tuple[Op, str]]) -> None:
-        """Ids unique and known, deps only backwards, producers consistent, no use after free."""
+        """Ids unique and known, deps only backwards, producers consistent, no use after free,
+        and no use across streams without a dependency (see `_StreamOrder`)."""
         by_id: dict[int, Tensor] = {}
         for i, t in enumerate(tensors):
             if t.id in by_id:
@@ -346,6 +400,8 @@ class _Reader:
         op_ids: set[int] = set()
         last = -1
         freed: dict[int, int] = {}
+        written: set[int] = set()
+        order = _StreamOrder(len({op.stream for op, _ in ops}) > 1)
         for op, path in ops:
             if op.id in op_ids:
                 raise self.fail(f"{path}.args.op", f"duplicate op id {op.id}")
@@ -357,28 +413,91 @@ class _Reader:
                 if dep not in op_ids:
                     raise self.fail(f"{path}.args.deps[{j}]", f"op {dep} is not an earlier op "
                                     "(dependencies must point backwards; a cycle or unknown op)")
+            order.enter(op)
             for field_name in ("reads", "writes", "frees"):
-                for j, tid in enumerate(getattr(op, field_name)):
+                ids = getattr(op, field_name)
+                for j, tid in enumerate(ids):
                     fp = f"{path}.args.{field_name}[{j}]"
                     if tid not in by_id:
                         raise self.fail(fp, f"tensor {tid} does not exist")
+                    if field_name != "reads" and tid in ids[:j]:
+                        raise self.fail(fp, f"tensor {tid} is listed twice")
                     if tid in freed and field_name != "writes":
                         raise self.fail(fp, f"tensor {tid} was freed by op {freed[tid]}")
                     producer = by_id[tid].producer
                     if field_name != "writes" and producer is not None and \
                             producer != op.id and producer not in op_ids:
                         raise self.fail(fp, f"tensor {tid} is produced later, by op {producer}")
+                    if field_name != "writes":
+                        problem = order.use(op, tid, producer, field_name == "frees")
+                        if problem:
+                            raise self.fail(fp, problem)
             for j, tid in enumerate(op.writes):
                 if by_id[tid].producer != op.id:
                     raise self.fail(f"{path}.args.writes[{j}]",
                                     f"tensor {tid} lists producer {by_id[tid].producer}, "
                                     f"not op {op.id}")
+                written.add(tid)
             for tid in op.frees:
                 freed[tid] = op.id
             op_ids.add(op.id)
         for i, t in enumerate(tensors):
             if t.producer is not None and t.producer not in op_ids:
                 raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not exist")
+            if t.producer is not None and t.id not in written:
+                raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not list "
+                                f"tensor {t.id} in its writes")
             for j, c in enumerate(t.consumers):
                 if c not in op_ids:
                     raise self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
+
+
+class _StreamOrder:
+    """Happens-before across streams, as vector clocks: ops of one stream run in trace order,
+    and `deps` (CUDA events) order ops of different streams. A tensor used on one stream must
+    have been produced, and before it is freed, read, on its own stream or by an op this one
+    depends on (directly or through others); otherwise the replay could run the use first, as
+    the GPU could. Only traces with several streams pay for the clocks."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.clock: dict[int, dict[int, int]] = {}   # op -> stream -> last position before it
+        self.where: dict[int, tuple[int, int]] = {}  # op -> (stream, position on it)
+        self.tail: dict[int, int] = {}               # stream -> its last op so far
+        self.readers: dict[int, dict[int, tuple[int, int]]] = {}  # tensor -> stream -> reader
+
+    def enter(self, op: Op) -> None:
+        if not self.enabled:
+            return
+        prev = self.tail.get(op.stream)
+        clock = dict(self.clock[prev]) if prev is not None else {}
+        for dep in op.deps:
+            for stream, pos in self.clock[dep].items():
+                if pos > clock.get(stream, -1):
+                    clock[stream] = pos
+        pos = clock.get(op.stream, -1) + 1
+        clock[op.stream] = pos
+        self.clock[op.id], self.where[op.id], self.tail[op.stream] = clock, (op.stream, pos), op.id
+
+    def _before(self, first: int, op: Op) -> bool:
+        stream, pos = self.where[first]
+        return self.clock[op.id].get(stream, -1) >= pos
+
+    def use(self, op: Op, tensor: int, producer: int | None, frees: bool) -> str | None:
+        """Why this read or free of `tensor` by `op` is unordered, or None."""
+        if not self.enabled:
+            return None
+        if producer is not None and producer != op.id and not self._before(producer, op):
+            return (f"tensor {tensor} is produced by op {producer} on stream "
+                    f"{self.where[producer][0]} and used on stream {op.stream} with no "
+                    f"dependency on it (list op {producer} in deps)")
+        readers = self.readers.setdefault(tensor, {})
+        if frees:
+            for stream, (_, reader) in sorted(readers.items()):
+                if stream != op.stream and not self._before(reader, op):
+                    return (f"tensor {tensor} is freed on stream {op.stream} while op {reader} "
+                            f"on stream {stream} reads it with no dependency on it (list op "
+                            f"{reader} in deps)")
+        else:
+            readers[op.stream] = (self.where[op.id][1], op.id)
+        return None
