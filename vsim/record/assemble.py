@@ -1,0 +1,507 @@
+"""Join the recorder's passes into one trace (pure Python: no torch here, so it is testable alone).
+
+The recorder runs the same training step several times (eager mode issues the same sequence of
+top-level aten ops each iteration):
+- the STRUCTURE pass, under the profiler (CPU activity, profile_memory) with saved-tensor hooks,
+  a dispatch mode and module hooks that leave markers in the capture: which tensors each op reads,
+  which forward op saved which activation and which backward op unpacked it, module names, grads;
+- the TIMING pass, under the profiler alone (CPU and CUDA activity), a few iterations of which the
+  median one is kept: kernels with their GPU start and duration;
+- the MEASUREMENT, without profiler or hooks: median iteration time and peak memory.
+The two captures are joined by aligning their sequences of top-level op names.
+
+Hooks and the profiler slow the CPU side, which shows up only as GPU idle time between kernels.
+`fit_idle` reconciles the timing pass with the measured iteration time by shrinking (or growing)
+those idle gaps, never kernel durations; the trace's meta.timing records how much.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import TraceError
+from ..trace.importers import (
+    BWD_PREFIX, AllocDraft, AllocTracker, Annotation, Capture, CpuOp, MemRec, OpDraft,
+    _phases, backward_layers, build_trace, clip_overlaps, innermost, op_layer_type,
+    short_op_name, stream_map,
+)
+from ..trace.schema import Kernel, Measured, MemEvent, Trace
+
+ITERATION = "vsim::iteration"
+BACKWARD = "vsim::backward"
+MODULE = "vsim::m::"
+DISPATCH = "vsim::d#"
+SAVE = "vsim::s#"
+UNPACK = "vsim::u#"
+GRAD = "vsim::g#"
+
+
+@dataclass
+class Storage:
+    """A tensor storage the recorder knows by name: its address, bytes and kind."""
+
+    addr: int
+    size: int
+    kind: str
+    name: str
+
+
+@dataclass
+class StructureLog:
+    """What the hooks of the structure pass saw, indexed by the number in each marker."""
+
+    device_type: int                      # profiler code: 0 CPU, 1 CUDA
+    dispatch: list[tuple[list[int], float, float]] = field(default_factory=list)  # reads, flops, bytes
+    saved: list[int] = field(default_factory=list)          # storage address saved for backward
+    grads: list[tuple[str, str, int]] = field(default_factory=list)  # param, module, grad address
+    modules: dict[str, tuple[str, bool]] = field(default_factory=dict)  # qualname -> (type, leaf)
+    known_start: list[Storage] = field(default_factory=list)   # weights, inputs, state, grads
+    known_end: list[Storage] = field(default_factory=list)     # optimizer state after the step
+    resident_blocks: list[tuple[int, int]] | None = None    # CUDA: (addr, size) live at start
+    allocated_at_start: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # CUDA allocator trace entries
+
+
+# ---------------------------------------------------------------- idle-gap fitting
+
+def fit_idle(intervals: list[tuple[float, float]], target_us: float | None,
+             scale_busy: bool = False) -> tuple[Callable[[float], float], dict[str, Any]]:
+    """A monotone time map that keeps busy time (the union of `intervals`, us from the iteration
+    start) and rescales the idle time before and between them so the last busy moment falls at
+    `target_us`. Idle gaps are shrunk by subtracting one constant from each (floored at zero) --
+    the profiler and hooks add a roughly constant CPU cost per op, which only shows where the GPU
+    was waiting for the CPU -- or grown in proportion when the measured run idled more. Without a
+    target, the identity. With `scale_busy` (CPU recordings, whose op spans include the
+    profiler's own cost), a busy time above the target is scaled down with everything else.
+    Returns (map, summary for meta.timing)."""
+    merged: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    busy = sum(e - s for s, e in merged)
+    gaps = []
+    prev = 0.0
+    for s, e in merged:
+        gaps.append(max(0.0, s - prev))
+        prev = e
+    idle = sum(gaps)
+    span = merged[-1][1] if merged else 0.0
+    info: dict[str, Any] = {"profiled_span_us": round(span, 3), "busy_us": round(busy, 3),
+                            "idle_profiled_us": round(idle, 3)}
+    if target_us is None or not merged:
+        info["fit"] = "none"
+        return (lambda t: t), info
+    want = target_us - busy
+    if want <= 0 and scale_busy and span > 0:
+        factor = target_us / span
+        info.update(fit="scale-all", scale=round(factor, 6), idle_fitted_us=round(idle * factor, 3))
+        return (lambda t: t * factor), info
+    if want >= idle:
+        if idle > 0:
+            factor = want / idle
+            new = [g * factor for g in gaps]
+            info.update(fit="scale", scale=round(factor, 6))
+        else:
+            new = [want] + gaps[1:]
+            info.update(fit="first-gap")
+    elif want <= 0:
+        new = [0.0] * len(gaps)
+        info.update(fit="clamp", note="busy time exceeds the measured iteration time")
+    else:
+        order = sorted(gaps, reverse=True)
+        total = 0.0
+        c = 0.0
+        for k, g in enumerate(order, 1):
+            total += g
+            c = (total - want) / k
+            nxt = order[k] if k < len(order) else 0.0
+            if nxt <= c <= g:
+                break
+        new = [max(0.0, g - c) for g in gaps]
+        info.update(fit="subtract", subtract_us=round(c, 3))
+    info["idle_fitted_us"] = round(sum(new), 3)
+    old_pts, new_pts = [0.0], [0.0]
+    clock = 0.0
+    for (s, e), g_new in zip(merged, new):
+        clock += g_new
+        old_pts.append(s)
+        new_pts.append(clock)
+        clock += e - s
+        old_pts.append(e)
+        new_pts.append(clock)
+
+    def warp(t: float) -> float:
+        if t <= 0:
+            return t
+        i = bisect.bisect_right(old_pts, t) - 1
+        if i >= len(old_pts) - 1:
+            return new_pts[-1] + (t - old_pts[-1])
+        o0, o1, n0, n1 = old_pts[i], old_pts[i + 1], new_pts[i], new_pts[i + 1]
+        if o1 == o0:
+            return n1
+        return n0 + (t - o0) * (n1 - n0) / (o1 - o0)
+
+    return warp, info
+
+
+# ---------------------------------------------------------------- timing pass
+
+@dataclass
+class TimedOp:
+    name: str
+    phase: str
+    start_us: float          # warped, from the iteration start
+    dur_us: float
+    stream: int
+    kernels: list[Kernel]
+    timed: bool              # has kernels (GPU) or a CPU span (CPU recording)
+
+
+def timing_ops(capture: Capture, gpu: bool, target_us: float | None,
+               skip: int = 1) -> tuple[list[TimedOp], dict[str, Any]]:
+    """The median iteration of the timing pass (by span, after skipping the first `skip`), its
+    ops timed by kernels (GPU) or CPU spans, with idle gaps fitted to `target_us`."""
+    iterations = capture.annotations_named(ITERATION)
+    if len(iterations) <= skip:
+        raise TraceError(f"the timing pass has {len(iterations)} iterations; need more than "
+                         f"{skip}")
+    candidates = []
+    for ann in iterations[skip:]:
+        ops = capture.ops_between(ann.start_ns, ann.end_ns)
+        if gpu:
+            ends = [k.end_ns for op in ops for k in op.kernels]
+        else:
+            ends = [op.end_ns for op in ops]
+        if not ends:
+            raise TraceError("an iteration of the timing pass has no "
+                             + ("GPU kernels" if gpu else "ops"))
+        candidates.append((max(ends) - ann.start_ns, ann, ops))
+    candidates.sort(key=lambda c: c[0])
+    span_ns, window, ops = candidates[len(candidates) // 2]
+    origin = window.start_ns
+    phases = _phases(ops, capture, [])
+    if gpu:
+        intervals = [((k.start_ns - origin) / 1e3, (k.end_ns - origin) / 1e3)
+                     for op in ops for k in op.kernels]
+    else:
+        intervals = [((op.start_ns - origin) / 1e3, (op.end_ns - origin) / 1e3) for op in ops]
+    warp, info = fit_idle(intervals, target_us, scale_busy=not gpu)
+    info["timing_iterations_us"] = [round(c[0] / 1e3, 3) for c in
+                                    sorted(candidates, key=lambda c: c[1].start_ns)]
+    smap = stream_map(k.stream for op in ops for k in op.kernels)
+    out = []
+    for op, phase in zip(ops, phases):
+        if gpu:
+            kernels = [Kernel(k.name, k.stream, round(warp((k.start_ns - origin) / 1e3), 3),
+                              round((k.end_ns - k.start_ns) / 1e3, 3)) for k in op.kernels]
+            if kernels:
+                start = kernels[0].start_us
+                end = max(k.start_us + k.dur_us for k in kernels)
+                out.append(TimedOp(op.name, phase, start, end - start,
+                                   smap[op.kernels[0].stream], kernels, True))
+            else:
+                out.append(TimedOp(op.name, phase, 0.0, 0.0, 0, [], False))
+        else:
+            start = warp((op.start_ns - origin) / 1e3)
+            end = warp((op.end_ns - origin) / 1e3)
+            out.append(TimedOp(op.name, phase, start, end - start, 0, [], True))
+    info["stream_map"] = {str(k): v for k, v in smap.items()}
+    return out, info
+
+
+# ---------------------------------------------------------------- structure pass
+
+@dataclass
+class _StructOp:
+    op: CpuOp
+    draft: OpDraft
+    mem: list[tuple[MemRec, int]]   # (record, alloc id) for allocator-event joining
+
+
+def _storage_index(storages: list[Storage]) -> dict[int, Storage]:
+    index: dict[int, Storage] = {}
+    for s in storages:
+        index.setdefault(s.addr, s)
+    return index
+
+
+def structure_ops(capture: Capture, log: StructureLog,
+                  optimizer_layer: str = "optimizer") -> tuple[list[_StructOp],
+                                                               dict[int, AllocDraft],
+                                                               dict[str, Any]]:
+    """Ops of the structure pass with their allocation events, reads, layers and phases."""
+    iterations = capture.annotations_named(ITERATION)
+    if len(iterations) != 1:
+        raise TraceError(f"the structure pass should hold one iteration, it holds "
+                         f"{len(iterations)}")
+    window = iterations[0]
+    ops = capture.ops_between(window.start_ns, window.end_ns)
+    if not ops:
+        raise TraceError("the structure pass recorded no ops: did the step run between "
+                         "Recorder.step() calls?")
+    backward = capture.annotations_named(BACKWARD)
+    phases = _phases(ops, capture, backward)
+
+    # layers: innermost module range on the op's thread (forward), autograd sequence (backward)
+    layers = [""] * len(ops)
+    types = [op_layer_type(op.name) for op in ops]
+    by_tid: dict[int, list[Annotation]] = {}
+    for a in capture.annotations:
+        if a.name.startswith(MODULE):
+            by_tid.setdefault(a.tid, []).append(a)
+    for tid, anns in by_tid.items():
+        idx = [i for i, op in enumerate(ops) if op.tid == tid]
+        found = innermost(anns, [ops[i].start_ns for i in idx])
+        for i, ann in zip(idx, found):
+            if ann is None or phases[i] != "fwd":
+                continue
+            qual = ann.name[len(MODULE):]
+            layers[i] = qual
+            mtype, leaf = log.modules.get(qual, ("other", False))
+            if leaf and mtype != "other":
+                types[i] = mtype
+            elif types[i] == "other":
+                types[i] = mtype if leaf else "other"
+    for i in range(len(ops)):
+        if phases[i] == "opt":
+            layers[i], types[i] = optimizer_layer, "optimizer"
+    backward_layers(ops, phases, layers, types)
+
+    # memory and markers, in time order
+    known = _storage_index(log.known_start)
+    tracker = AllocTracker()
+    if log.resident_blocks is not None:
+        for addr, size in log.resident_blocks:
+            s = known.get(addr)
+            tracker.add_resident(addr, size, s.kind if s else "temporary",
+                                 s.name if s else "resident (unidentified)")
+    else:
+        for s in known.values():
+            tracker.add_resident(s.addr, s.size, s.kind, s.name)
+    allocs = tracker.allocs
+    saved_alloc: dict[int, int] = {}
+    result: list[_StructOp] = []
+    diag: dict[str, Any] = {"unknown_frees": 0, "unresolved_reads": 0, "total_allocated_mismatch": 0}
+    live_bytes = sum(a.size for a in allocs.values())
+    if log.allocated_at_start is not None:
+        diag["resident_bytes"] = live_bytes
+        diag["allocated_at_start"] = log.allocated_at_start
+    for i, op in enumerate(ops):
+        d = OpDraft(name=op.name, phase=phases[i], layer=layers[i], layer_type=types[i])
+        mem_pairs: list[tuple[MemRec, int]] = []
+        items: list[tuple[int, int, Any]] = []
+        for m in op.mem:
+            if m.device_type == log.device_type:
+                items.append((m.ts_ns, 0 if m.delta > 0 else 2, m))
+        for ts, name in op.markers:
+            items.append((ts, 1, name))
+        items.sort(key=lambda x: (x[0], x[1]))
+        for _, rank, item in items:
+            if rank != 1:
+                m = item
+                if m.delta > 0:
+                    aid = tracker.alloc(m.addr, m.delta)
+                    d.events.append((aid, +1))
+                    mem_pairs.append((m, aid))
+                    live_bytes += m.delta
+                elif m.delta < 0:
+                    # CPU: a free of an unknown block was allocated before the iteration
+                    got = tracker.free(m.addr, -m.delta,
+                                       resident_if_unknown=log.resident_blocks is None)
+                    if got is None:
+                        diag["unknown_frees"] += 1
+                        continue
+                    d.events.append((got, -1))
+                    mem_pairs.append((m, got))
+                    live_bytes -= allocs[got].size
+                if m.total_allocated is not None and log.resident_blocks is not None \
+                        and m.total_allocated != live_bytes:
+                    diag["total_allocated_mismatch"] += 1
+                continue
+            name = item
+            kind, _, num = name[len("vsim::"):].partition("#")
+            try:
+                k = int(num)
+            except ValueError:
+                continue
+            if name.startswith(DISPATCH) and k < len(log.dispatch):
+                reads, flops, nbytes = log.dispatch[k]
+                d.flops += flops
+                d.dram_bytes += nbytes
+                for addr in reads:
+                    aid = tracker.lookup(addr)
+                    if aid is None:
+                        diag["unresolved_reads"] += 1
+                    else:
+                        d.reads.add(aid)
+            elif name.startswith(SAVE) and k < len(log.saved):
+                aid = tracker.lookup(log.saved[k])
+                if aid is not None:
+                    allocs[aid].saved = True
+                    saved_alloc[k] = aid
+            elif name.startswith(UNPACK):
+                aid = saved_alloc.get(k)
+                if aid is not None:
+                    d.reads.add(aid)
+            elif name.startswith(GRAD) and k < len(log.grads):
+                param, module, addr = log.grads[k]
+                aid = tracker.lookup(addr)
+                if aid is not None and not allocs[aid].resident:
+                    allocs[aid].kind = "gradient"
+                    allocs[aid].name = f"grad {param}"
+                if short_op_name(op.name).endswith("AccumulateGrad"):
+                    d.layer = module
+                    mtype, _ = log.modules.get(module, ("other", False))
+                    d.layer_type = mtype
+                    d.attrs["param"] = param
+        result.append(_StructOp(op, d, mem_pairs))
+    for s in log.known_end:
+        aid = tracker.live.get(s.addr)
+        if aid is not None and not allocs[aid].resident:
+            allocs[aid].kind = s.kind
+            allocs[aid].name = s.name
+    # peak of the events with every resident block (also those found by their free) from the start
+    running = sum(a.size for a in allocs.values() if a.resident)
+    peak = running
+    for r in result:
+        for aid, sign in r.draft.events:
+            running += sign * allocs[aid].size
+            peak = max(peak, running)
+    diag["peak_from_events"] = peak
+    return result, allocs, diag
+
+
+# ---------------------------------------------------------------- joining
+
+def align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
+    """Pairs (index in a, index in b) in order: matched names, then the unmatched of each."""
+    pairs: list[tuple[int | None, int | None]] = []
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs.extend(zip(range(i1, i2), range(j1, j2)))
+        else:
+            pairs.extend((i, None) for i in range(i1, i2))
+            pairs.extend((None, j) for j in range(j1, j2))
+    return pairs
+
+
+def assemble(structure: Capture, log: StructureLog, timing: Capture, *, gpu: bool,
+             measured: Measured | None, meta: dict[str, Any],
+             fit_gaps: bool = True) -> Trace:
+    """The trace of one iteration: structure-pass ops joined with timing-pass kernels."""
+    sops, allocs, sdiag = structure_ops(structure, log)
+    target = measured.iteration_time_us if (measured is not None and fit_gaps) else None
+    tops, tinfo = timing_ops(timing, gpu, target)
+    pairs = align([short_op_name(s.op.name) for s in sops], [short_op_name(t.name) for t in tops])
+    drafts: list[OpDraft] = []
+    mem_of_draft: list[list[tuple[MemRec, int]]] = []
+    join = {"matched": 0, "structure_only": 0, "timing_only": 0,
+            "timing_only_with_kernels": 0}
+    for si, ti in pairs:
+        if si is not None:
+            d = sops[si].draft
+            mem_of_draft.append(sops[si].mem)
+        else:
+            t = tops[ti]  # type: ignore[index]
+            d = OpDraft(name=t.name, phase=t.phase, layer_type=op_layer_type(t.name)
+                        if t.phase != "opt" else "optimizer",
+                        layer="optimizer" if t.phase == "opt" else "")
+            mem_of_draft.append([])
+        if ti is not None:
+            t = tops[ti]
+            if t.timed:
+                d.start_us, d.dur_us, d.stream, d.kernels = t.start_us, t.dur_us, t.stream, \
+                    t.kernels
+                d.keep = not gpu  # CPU: every op is CPU work
+        if si is not None and ti is not None:
+            join["matched"] += 1
+        elif si is not None:
+            join["structure_only"] += 1
+        else:
+            join["timing_only"] += 1
+            join["timing_only_with_kernels"] += bool(tops[ti].kernels)  # type: ignore[index]
+        drafts.append(d)
+    clip_overlaps(drafts)
+    built = build_trace(drafts, allocs)
+    mem_events = _mem_events(log, drafts, mem_of_draft, built) if log.history else ()
+    meta = dict(meta)
+    meta["timing"] = tinfo
+    meta["join"] = join
+    meta["structure_check"] = {k: v for k, v in {**sdiag, **built.diagnostics}.items()}
+    return built.trace(meta, measured, mem_events)
+
+
+def _mem_events(log: StructureLog, drafts: list[OpDraft],
+                mem_of_draft: list[list[tuple[MemRec, int]]], built: Any) -> tuple[MemEvent, ...]:
+    """Allocator history entries joined, in order, to the profiler's allocator events of the
+    structure pass (same allocations, same order): each gets the op and tensor of its match.
+    Times are the op's: start for allocations, end for frees (the history's clock is the CPU's)."""
+    ops_by_id = {op.id: op for op in built.ops}
+    records: list[tuple[int, int, int, int, int]] = []  # sign, addr, size, draft, alloc
+    for di, pairs in enumerate(mem_of_draft):
+        for m, aid in pairs:
+            records.append((1 if m.delta > 0 else -1, m.addr, abs(m.delta), di, aid))
+    smap = stream_map(int(e.get("stream", 0) or 0) for e in log.history)
+    events: list[MemEvent] = []
+    j = 0
+    last_op: int | None = None
+    freed_at: dict[int, tuple[int | None, int | None]] = {}
+    pending_segments: list[dict[str, Any]] = []
+
+    def when(op_id: int | None, at_end: bool) -> float:
+        if op_id is None or op_id not in ops_by_id:
+            return 0.0
+        op = ops_by_id[op_id]
+        return op.start_us + (op.dur_us if at_end else 0.0)
+
+    def emit(e: dict[str, Any], op_id: int | None, tensor: int | None, at_end: bool) -> None:
+        events.append(MemEvent(action=e["action"], time_us=round(when(op_id, at_end), 3),
+                               addr=int(e.get("addr", 0) or 0), size_bytes=int(e.get("size", 0)),
+                               stream=smap.get(int(e.get("stream", 0) or 0), 0), tensor=tensor,
+                               op=op_id))
+
+    for e in log.history:
+        action = e.get("action")
+        if action in ("alloc", "free_requested"):
+            sign = 1 if action == "alloc" else -1
+            match = None
+            for k in range(j, min(j + 8, len(records))):
+                r = records[k]
+                if r[0] == sign and r[1] == e.get("addr") and r[2] == e.get("size"):
+                    match = k
+                    break
+            op_id = tensor = None
+            if match is not None:
+                _, _, _, di, aid = records[match]
+                j = match + 1
+                op_id = built.op_id.get(di)
+                tensor = built.tensor_of_alloc.get(aid)
+            if action == "alloc":
+                for seg in pending_segments:
+                    emit(seg, op_id, None, False)
+                pending_segments = []
+                emit(e, op_id, tensor, False)
+            else:
+                freed_at[int(e.get("addr", 0) or 0)] = (op_id, tensor)
+                emit(e, op_id, tensor, True)
+            last_op = op_id if op_id is not None else last_op
+        elif action == "free_completed":
+            op_id, tensor = freed_at.pop(int(e.get("addr", 0) or 0), (last_op, None))
+            emit(e, op_id, tensor, True)
+        elif action == "segment_alloc":
+            pending_segments.append(e)
+        elif action in ("segment_free", "oom"):
+            emit(e, last_op, None, True)
+    for seg in pending_segments:
+        emit(seg, last_op, None, True)
+    return tuple(events)
+
+
+__all__ = ["Storage", "StructureLog", "align", "assemble", "fit_idle", "structure_ops",
+           "timing_ops", "BWD_PREFIX"]
