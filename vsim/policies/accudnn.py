@@ -1,0 +1,79 @@
+"""`accudnn`: AccUDNN (Zhou et al., 2019): a performance model picks which feature maps to swap
+so that their transfers hide under compute, given the capacity.
+
+Performance model, on the trace's own timeline: a saved feature map t swapped out after its last
+forward reader and back before its first backward reader has a free time
+    FT(t) = start(first backward reader) - end(last forward reader) - d2h(t) - h2d(t)
+(copy times from the hardware profile's pinned link). FT >= 0: the round trip can hide entirely
+under the compute in between; FT < 0: about -FT would be exposed.
+
+Selection, against the static profile (planning.py): while some slot exceeds the capacity, among
+the feature maps whose time off the device would cover that slot, swap one whose transfers hide
+(FT >= 0), the largest first (fewest transfers for the bytes); if none hides, the one with the
+least exposed time. Prefetches are issued just in time by the model (each ends at its reader's
+start, one H2D engine in need order), or later where the capacity does not allow. The plan is
+checked by one simulated iteration and re-planned with a tighter budget if that runs out of
+memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Plan, Policy, register
+from .layers import TraceView
+from .planning import Evictions, Usage, fit_by_profiling, jit_prefetch_slots
+
+
+def free_time_us(ev: Evictions, t: int) -> float:
+    view, tl = ev.view, ev.timeline
+    size = view.tensor[t].size_bytes
+    return (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
+            - tl.d2h_us(size) - tl.h2d_us(size))
+
+
+@register
+@dataclass(frozen=True)
+class AccUDNN(Policy):
+    name = "accudnn"
+    description = ("AccUDNN: a performance model swaps the feature maps whose transfers hide "
+                   "under compute, until the capacity is met")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda budget: self._plan(trace, hw, budget))
+        return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
+                    wait_for_memory=plan.wait_for_memory)
+
+    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+        view = TraceView(trace)
+        ev = Evictions(view, hw, Usage(view), budget)
+        candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
+        ft = {t: free_time_us(ev, t) for t in candidates}
+        exposed = 0.0
+        while (x := ev.usage.over(budget)) is not None:
+            best: tuple[bool, float, int] | None = None
+            for t in candidates:
+                if t in ev.swaps:
+                    continue
+                lo, hi = ev.swap_window(t)
+                if not lo <= x < hi:
+                    continue
+                hides = ft[t] >= 0
+                key = (hides, view.tensor[t].size_bytes if hides else ft[t], -t)
+                if best is None or key > best:
+                    best = key
+            if best is None:
+                break
+            ev.add_swap(-best[2])
+            exposed += max(0.0, -ft[-best[2]])
+        jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())
+        ev.place_prefetches(lambda s: jit[s.tensor])
+        notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped; the model expects "
+                 f"{exposed:.0f} us of transfer not hidden"]
+        if (x := ev.usage.over(budget)) is not None:
+            notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
+                         f"{view.ops[x // 2].id}: nothing left to swap there")
+        return Plan(actions=tuple(ev.actions()), notes=tuple(notes), wait_for_memory=True)

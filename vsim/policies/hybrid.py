@@ -1,0 +1,106 @@
+"""`hybrid`: per tensor, swap or recompute, whichever costs less (Capuchin, Peng et al., ASPLOS'20).
+
+Capuchin measures tensor accesses in a first iteration and then, for the tensors it must evict,
+weighs the two ways back. Here the trace is that measured iteration. For each saved feature map t:
+- swap: out after its last forward reader, back before its first backward reader. Its free time
+  FT = start(back-access) - end(last forward access) - d2h(t) - h2d(t); the overhead is
+  max(0, -FT): what the transfers cannot hide.
+- recompute: re-run the op that produced t (and any op that modified it in place) right before the
+  back-access; the overhead is those ops' recorded time. Possible only if everything they read is
+  still on the device then (by the trace), and those inputs are then kept from eviction.
+
+Selection, against the static profile (planning.py): while some slot exceeds the capacity, among
+the tensors whose eviction would cover that slot, evict the one with the least overhead per byte
+saved (Capuchin's memory saving per second), by its cheaper way. Swapped tensors come back just in
+time by the same timing model, or later where the capacity does not allow. The plan is checked by
+one simulated iteration and planned again with a tighter budget when that runs out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Plan, Policy, register
+from .layers import TraceView
+from .planning import (
+    Evictions,
+    Usage,
+    alive_in_trace,
+    chain_inputs,
+    fit_by_profiling,
+    jit_prefetch_slots,
+    recompute_chain,
+)
+
+
+@register
+@dataclass(frozen=True)
+class Hybrid(Policy):
+    name = "hybrid"
+    description = ("Capuchin-style: evict feature maps under memory pressure by swap or "
+                   "recomputation, whichever costs less for that tensor")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda budget: self._plan(trace, hw, budget))
+        return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
+                    wait_for_memory=plan.wait_for_memory)
+
+    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+        view = TraceView(trace)
+        ev = Evictions(view, hw, Usage(view), budget)
+        cands = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
+        tl = ev.timeline
+        swap_cost: dict[int, float] = {}
+        for t in cands:
+            size = view.tensor[t].size_bytes
+            ft = (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
+                  - tl.d2h_us(size) - tl.h2d_us(size))
+            swap_cost[t] = max(0.0, -ft)
+        chains = {t: recompute_chain(view, t) for t in cands}
+        locked: set[int] = set()   # inputs of planned recomputations: stay on the device
+        spent = {"swap": 0.0, "recompute": 0.0}
+        while (x := ev.usage.over(budget)) is not None:
+            best: tuple[float, int, int, str] | None = None
+            for t in cands:
+                if t in ev.swaps or t in ev.drops or t in locked:
+                    continue
+                size = view.tensor[t].size_bytes
+                options = []
+                lo, hi = ev.swap_window(t)
+                if lo <= x < hi:
+                    options.append((swap_cost[t], "swap"))
+                lo, hi = ev.drop_window(t)
+                if lo <= x < hi and self._recomputable(view, ev, chains[t], t, hi):
+                    options.append((sum(view.op[o].dur_us for o in chains[t]), "recompute"))
+                for cost, how in options:
+                    key = (cost / max(size, 1), -size, t, how)
+                    if best is None or key < best:
+                        best = key
+            if best is None:
+                break
+            cost_per_byte, _, t, how = best
+            if how == "swap":
+                ev.add_swap(t)
+            else:
+                ev.add_drop(t, chains[t])
+                locked |= chain_inputs(view, chains[t])
+            spent[how] += cost_per_byte * view.tensor[t].size_bytes
+        jit = jit_prefetch_slots(view, tl, ev.swaps.values())
+        ev.place_prefetches(lambda s: jit[s.tensor])
+        notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} us exposed by the model), "
+                 f"{len(ev.drops)} recomputed ({spent['recompute']:.0f} us)"]
+        if (x := ev.usage.over(budget)) is not None:
+            notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
+                         f"{view.ops[x // 2].id}: nothing left to evict there")
+        return Plan(actions=tuple(ev.actions()), notes=tuple(notes), wait_for_memory=True)
+
+    @staticmethod
+    def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...], t: int,
+                      need_slot: int) -> bool:
+        if not chain:
+            return False
+        return all(alive_in_trace(view, i, need_slot) and i not in ev.swaps
+                   and i not in ev.drops for i in chain_inputs(view, chain))

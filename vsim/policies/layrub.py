@@ -1,0 +1,68 @@
+"""`layrub`: Layrub (Jin et al., TACO'18): layer-centric memory reuse and data migration.
+
+Intra-layer memory reuse: inside a layer, memory is reused as soon as a tensor is dead; modelled as
+releasing every activation, gradient, workspace and temporary right after its last reader.
+
+Inter-layer data migration: each layer's saved feature maps leave for the host on a separate
+stream once the forward pass no longer reads them (after their last forward reader), with no
+synchronisation of the compute stream; in backward they come back through a fixed number of
+reusable buffers, `buffers` layers in flight: the data of layer k is fetched when the backward of
+the layer `buffers - 1` layers above it starts (buffers=1: when its own backward starts), or later
+when the device has no room for it by then (the fetch waits for a free buffer). A feature map that
+would come back before it could have left stays on the device.
+
+Approximated: the buffers are not a separate pool of fixed slots; their bound shows as the
+prefetch distance, and a forward allocation that does not fit waits for offloads in flight
+(Plan.wait_for_memory), as a layer waits for its buffer to drain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Plan, Policy, register
+from .layers import TraceView
+from .planning import Evictions, Usage, apply_releases, liveness_releases
+
+
+@register
+@dataclass(frozen=True)
+class Layrub(Policy):
+    name = "layrub"
+    description = ("Layrub: release after last use, migrate every layer's feature maps to the host "
+                   "after the forward, fetch them back `buffers` layers ahead")
+    buffers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.buffers < 1:
+            raise ValueError(f"buffers must be at least 1, got {self.buffers}")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        view = TraceView(trace)
+        releases = liveness_releases(view)
+        usage = Usage(view)
+        apply_releases(usage, view, releases)
+        ev = Evictions(view, hw, usage, capacity_bytes)
+        bwd_pos = {lay.first: j for j, lay in enumerate(view.bwd)}
+        kept = 0
+        ahead_of: dict[int, int] = {}
+        for t in view.saved:
+            if view.tensor[t].kind != "activation":
+                continue
+            s = ev.swap(t)
+            need_layer = view.layer_of[s.need_op]
+            j = bwd_pos.get(need_layer.first, 0)
+            ahead = view.bwd[max(0, j - (self.buffers - 1))].first
+            if view.pos[ahead] <= view.pos[s.offload_op]:
+                kept += 1
+                continue
+            ahead_of[t] = ahead
+            ev.add_swap(t, s, update=False)
+        ev.usage = ev._usage()
+        ev.place_prefetches(lambda s: view.start(ahead_of[s.tensor]))
+        notes = [f"layrub: {kept} feature map(s) needed again within {self.buffers} layer(s) "
+                 f"stay on the device"] if kept else []
+        return Plan(actions=(*releases, *ev.actions()), notes=tuple(notes),
+                    wait_for_memory=True)

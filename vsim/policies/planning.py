@@ -1,0 +1,344 @@
+"""Planning tools shared by the capacity-aware policies: a static device-memory profile, copy-time
+estimates from the trace's own timeline, prefetch placement under a budget, recomputation chains,
+and a check of a plan against the engine.
+
+The static profile is what the policies reason with (like the papers' profiling passes): bytes on
+the device in every slot (see layers.py), from the trace's allocations and frees, with the device
+copies that a plan removes taken out. It ignores copies still in flight, which is why the
+policies that need a guarantee check their plan with `check()` (one simulated iteration, the
+profiling run of Capuchin or vDNN_dyn) and tighten their budget when it fails.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Action, Drop, Offload, Plan, Policy, Prefetch, Recompute, Release, Retime
+from .layers import TraceView
+
+
+class Usage:
+    """Bytes on the device per slot. Starts from the trace as recorded (less workspaces that
+    retimes remove); `remove`/`add` change spans of slots."""
+
+    def __init__(self, view: TraceView, retimes: Iterable[Retime] = ()) -> None:
+        self.view = view
+        n = view.n_slots
+        delta = np.zeros(n + 1, dtype=np.int64)
+        no_ws = {r.op for r in retimes if r.workspace_bytes == 0}
+        for t in view.trace.tensors:
+            ten = view.tensor[t.id]
+            if ten.kind == "workspace" and ten.producer in no_ws:
+                continue
+            if ten.producer is not None and ten.producer not in view.pos:
+                continue
+            lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
+            delta[lo] += ten.size_bytes
+            delta[hi] -= ten.size_bytes
+        self.bytes = np.cumsum(delta)[:n]
+
+    def remove(self, size: int, lo: int, hi: int) -> None:
+        if hi > lo:
+            self.bytes[lo:hi] -= size
+
+    def add(self, size: int, lo: int, hi: int) -> None:
+        if hi > lo:
+            self.bytes[lo:hi] += size
+
+    @property
+    def peak(self) -> int:
+        return int(self.bytes.max()) if len(self.bytes) else 0
+
+    def over(self, budget: int) -> int | None:
+        """The first slot above the budget, or None."""
+        idx = np.flatnonzero(self.bytes > budget)
+        return int(idx[0]) if len(idx) else None
+
+
+@dataclass
+class Swap:
+    """One tensor's trip to the host and back, in slots and ops."""
+
+    tensor: int
+    offload_op: int          # the copy starts at this op (after=True: when it ends)
+    after: bool
+    release_after: int       # the device copy goes once this op ended and the copy is done
+    release_slot: int        # estimated slot from which the device copy is gone
+    need_op: int             # first op (or recomputation) that reads it again
+    prefetch_op: int | None = None
+
+    def actions(self) -> list[Action]:
+        acts: list[Action] = [Offload(self.tensor, self.offload_op, self.after,
+                                      self.release_after)]
+        acts.append(Prefetch(self.tensor, self.prefetch_op if self.prefetch_op is not None
+                             else self.need_op, self.need_op))
+        return acts
+
+
+class Timeline:
+    """Copy-time estimates against the trace's own clock (op start times as recorded)."""
+
+    def __init__(self, view: TraceView, hw: Hardware) -> None:
+        self.view = view
+        self.hw = hw
+        starts = [o.start_us for o in view.ops]
+        self.starts = list(np.maximum.accumulate(starts)) if starts else []
+
+    def d2h_us(self, size: int) -> float:
+        return self.hw.d2h.pinned.copy_time_us(size)
+
+    def h2d_us(self, size: int) -> float:
+        return self.hw.h2d.pinned.copy_time_us(size)
+
+    def op_at(self, time_us: float) -> int:
+        """Position of the op running at `time_us` (the last one started by then)."""
+        return max(0, bisect.bisect_right(self.starts, time_us) - 1)
+
+    def release_slots(self, swaps: list[Swap]) -> None:
+        """Estimate when each offload's device copy goes: copies run one after another on the
+        D2H engine in issue order; the copy is gone after the later of its copy's end and its
+        release op's end."""
+        view = self.view
+        free_at = 0.0
+        for s in sorted(swaps, key=lambda s: (view.pos[s.offload_op], s.after, s.tensor)):
+            issue = view.end_time(s.offload_op) if s.after else view.time_at(s.offload_op)
+            start = max(issue, free_at)
+            free_at = start + self.d2h_us(view.tensor[s.tensor].size_bytes)
+            done_pos = self.op_at(free_at)
+            s.release_slot = max(view.end(s.release_after), 2 * done_pos + 1)
+
+
+def place_prefetch(usage: Usage, size: int, earliest: int, need: int, budget: int) -> int:
+    """The earliest op-start slot in [earliest, need] from which holding `size` more bytes up
+    to `need` keeps every slot within the budget; `need` when none is."""
+    earliest = max(0, earliest + (earliest & 1))
+    if earliest >= need:
+        return need
+    window = usage.bytes[earliest:need] + size
+    bad = np.flatnonzero(window > budget)
+    if not len(bad):
+        return earliest
+    slot = earliest + int(bad[-1]) + 1
+    slot += slot & 1
+    return min(slot, need)
+
+
+def recompute_chain(view: TraceView, t: int) -> tuple[int, ...]:
+    """Forward ops that rebuild `t`: its producer and the ops that later modify it in place
+    (a ReLU applied in place to a convolution's output), in trace order."""
+    producer = view.tensor[t].producer
+    if producer is None:
+        return ()
+    return tuple(sorted({producer, *view.inplace_ops(t)}, key=view.pos.__getitem__))
+
+
+def chain_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
+    """Tensors the chain reads that it does not write itself."""
+    ops = [view.op[o] for o in chain]
+    written = {t for o in ops for t in o.writes}
+    return {t for o in ops for t in o.reads if t not in written}
+
+
+def alive_in_trace(view: TraceView, t: int, slot: int) -> bool:
+    return view.alloc_slot(t) <= slot < view.free_slot(t)
+
+
+def liveness_releases(view: TraceView, kinds: tuple[str, ...] = (
+        "activation", "gradient", "temporary", "workspace")) -> list[Release]:
+    """Free each tensor after its last reader when the trace keeps it longer (SuperNeurons'
+    liveness analysis): tensors the trace never frees, or frees after a later op."""
+    out = []
+    for ten in view.trace.tensors:
+        if ten.kind not in kinds or ten.producer is None or ten.producer not in view.pos:
+            continue
+        last = view.last_reader(ten.id)
+        last = ten.producer if last is None else last
+        if view.pos[last] < view.pos[ten.producer]:
+            last = ten.producer
+        if view.end(last) < view.free_slot(ten.id):
+            out.append(Release(ten.id, last))
+    return out
+
+
+def apply_releases(usage: Usage, view: TraceView, releases: Iterable[Release]) -> None:
+    for r in releases:
+        usage.remove(view.tensor[r.tensor].size_bytes, view.end(r.after_op),
+                     view.free_slot(r.tensor))
+
+
+def host_pool_bytes(view: TraceView, swaps: Iterable[Swap]) -> int:
+    """Most bytes held on the host at once, from each offload's start to its prefetch's need:
+    the size of a pinned pool whose buffers are reused (vDNN++, SuperNeurons)."""
+    delta = np.zeros(view.n_slots + 2, dtype=np.int64)
+    for s in swaps:
+        lo = view.end(s.offload_op) if s.after else view.start(s.offload_op)
+        hi = view.start(s.need_op) + 1
+        delta[lo] += view.tensor[s.tensor].size_bytes
+        delta[hi] -= view.tensor[s.tensor].size_bytes
+    return int(np.cumsum(delta).max()) if len(delta) else 0
+
+
+@dataclass(frozen=True)
+class _Given(Policy):
+    """Wraps a ready plan so that the engine can run it (profiling runs inside plan())."""
+
+    name = "given"
+    given: Plan = Plan()
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        return self.given
+
+
+def check(trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int) -> dict[str, object]:
+    """Run one simulated iteration of `plan` with the exact allocator (a profiling run): the
+    report of vsim.engine.simulate."""
+    from ..allocator import make_allocator  # the engine imports policies: import late
+    from ..engine import simulate
+    return simulate(trace, hw, _Given(plan), make_allocator("exact"), capacity_bytes).report
+
+
+def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,
+                     build: Callable[[int], Plan], tries: int = 6) -> tuple[Plan, list[str]]:
+    """Plan for a budget, run it once, and when the run does not fit lower the budget by what
+    the failed request lacked (at least 1% of the capacity) and plan again. Deterministic.
+    Returns the first plan that fits, or the last one tried, with notes saying which."""
+    budget = capacity_bytes
+    first = plan = build(budget)
+    for i in range(tries):
+        report = check(trace, hw, plan, capacity_bytes)
+        if report["fits"]:
+            if i:
+                return plan, [f"planned for {budget} B after {i} profiling run(s) did not fit"]
+            return plan, []
+        oom = report["oom"]
+        assert isinstance(oom, dict)
+        short = int(oom["need_bytes"]) - int(oom["free_bytes"])
+        budget -= max(short, capacity_bytes // 100)
+        if budget <= 0:
+            break
+        plan = build(budget)
+    return first, [f"no plan found that fits {capacity_bytes} B in {i + 1} profiling run(s); "
+                   f"this is the plan for the full capacity"]
+
+
+class Evictions:
+    """Swaps and drops chosen against a budget, over a base profile (the trace after liveness
+    releases and planned recomputations). Each eviction frees the tensor's device copy from
+    when it can go (the copy is estimated done / after its last forward reader) to when the next
+    reader (`need`) takes it back; prefetches are then placed as early as the policy wants and
+    the budget allows."""
+
+    def __init__(self, view: TraceView, hw: Hardware, base: Usage, budget: int) -> None:
+        self.view = view
+        self.timeline = Timeline(view, hw)
+        self.base = base
+        self.budget = budget
+        self.swaps: dict[int, Swap] = {}
+        self.drops: dict[int, tuple[int, tuple[int, ...]]] = {}  # t -> (drop_after, chain)
+        self.needs: dict[int, int] = {}  # t -> op, when something reads it before its bwd reader
+        self.usage = self._usage()
+
+    def need(self, t: int) -> int:
+        first = self.view.first_bwd_reader(t)
+        extra = self.needs.get(t)
+        if first is None:
+            assert extra is not None
+            return extra
+        if extra is None:
+            return first
+        return min(first, extra, key=self.view.pos.__getitem__)
+
+    def last_fwd_use(self, t: int) -> int:
+        lfr = self.view.last_fwd_reader(t)
+        producer = self.view.tensor[t].producer
+        if lfr is None:
+            assert producer is not None
+            return producer
+        return lfr
+
+    def swap(self, t: int) -> Swap:
+        last = self.last_fwd_use(t)
+        return Swap(t, last, True, last, self.view.end(last), self.need(t))
+
+    def swap_window(self, t: int) -> tuple[int, int]:
+        """Slots in which the tensor is off the device if swapped now."""
+        trial = {k: replace(v) for k, v in self.swaps.items()}
+        trial[t] = self.swap(t)
+        self.timeline.release_slots(list(trial.values()))
+        return trial[t].release_slot, self.view.start(trial[t].need_op)
+
+    def drop_window(self, t: int) -> tuple[int, int]:
+        return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
+
+    def add_swap(self, t: int, swap: Swap | None = None, update: bool = True) -> None:
+        self.swaps[t] = swap or self.swap(t)
+        if update:
+            self.usage = self._usage()
+
+    def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
+        self.drops[t] = (self.last_fwd_use(t), chain)
+        self.usage = self._usage()
+
+    def _usage(self) -> Usage:
+        u = Usage.__new__(Usage)
+        u.view = self.view
+        u.bytes = self.base.bytes.copy()
+        self.timeline.release_slots(list(self.swaps.values()))
+        for s in self.swaps.values():
+            size = self.view.tensor[s.tensor].size_bytes
+            u.remove(size, s.release_slot, self.view.start(s.need_op))
+            if s.prefetch_op is not None:
+                u.add(size, self.view.start(s.prefetch_op), self.view.start(s.need_op))
+        for t, (after, _chain) in self.drops.items():
+            u.remove(self.view.tensor[t].size_bytes, self.view.end(after),
+                     self.view.before(self.need(t)))
+        return u
+
+    def place_prefetches(self, desired: Callable[[Swap], int]) -> None:
+        """In order of need, issue each prefetch at the op-start slot `desired(swap)` or, when
+        that would break the budget, the earliest later slot that does not (at the latest at
+        the reader itself)."""
+        view = self.view
+        order = sorted(self.swaps.values(), key=lambda s: (view.pos[s.need_op], s.tensor))
+        for s in order:
+            need = view.start(s.need_op)
+            lo = max(desired(s), s.release_slot + 1)
+            slot = place_prefetch(self.usage, view.tensor[s.tensor].size_bytes, lo, need,
+                                  self.budget)
+            s.prefetch_op = view.ops[slot // 2].id
+            self.usage.add(view.tensor[s.tensor].size_bytes, slot, need)
+
+    def actions(self) -> list[Action]:
+        acts: list[Action] = []
+        pos = self.view.pos
+        swaps = list(self.swaps.values())
+        for s in sorted(swaps, key=lambda s: (pos[s.offload_op], s.tensor)):
+            acts.append(s.actions()[0])
+        # Prefetches issued at one op go to the H2D engine in this order: the first needed first.
+        for s in sorted(swaps, key=lambda s: (pos[s.prefetch_op if s.prefetch_op is not None
+                                                  else s.need_op], pos[s.need_op], s.tensor)):
+            acts.append(s.actions()[1])
+        for t, (after, chain) in sorted(self.drops.items()):
+            acts += [Drop(t, after), Recompute(chain, self.need(t), (t,))]
+        return acts
+
+
+def jit_prefetch_slots(view: TraceView, timeline: Timeline, swaps: Iterable[Swap]
+                       ) -> dict[int, int]:
+    """Just-in-time issue slots: going back from the last need, each prefetch starts so that it
+    ends by its reader's recorded start and before the next prefetch (one H2D engine, in need
+    order) starts. tensor -> op-start slot."""
+    out: dict[int, int] = {}
+    next_start = float("inf")
+    for s in sorted(swaps, key=lambda s: (view.pos[s.need_op], s.tensor), reverse=True):
+        end = min(view.time_at(s.need_op), next_start)
+        start = end - timeline.h2d_us(view.tensor[s.tensor].size_bytes)
+        next_start = start
+        out[s.tensor] = 2 * timeline.op_at(start)
+    return out

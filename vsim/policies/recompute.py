@@ -1,0 +1,291 @@
+"""`recompute`: gradient checkpointing (Chen, Xu, Zhang, Guestrin, "Training Deep Nets with
+Sublinear Memory Cost", 2016).
+
+The forward layers that produce saved feature maps are cut into segments. In each segment the
+feature maps that only the segment itself reads in forward are dropped after their last forward
+reader; the segment's checkpoint (what its last layer produces, and anything a later layer reads)
+stays. In backward, just before the first op that needs one of the dropped maps, the segment's
+forward ops are re-run from its start (one recomputation per segment, as in the paper's Algorithm
+1), bringing the dropped maps back until their backward readers free them.
+
+Strategies:
+- every-k: a checkpoint every k layers (the `k` field).
+- sqrt: k = round(sqrt(n)) for n layers, the paper's O(sqrt(n)) memory schedule.
+- optimal: the segmentation with the least recomputation time whose memory fits the capacity, by
+  dynamic programming over cut points. Its memory model: while segment s's feature maps live,
+  the device holds the trace's profile without feature maps (weights, gradients, workspaces),
+  s's own maps as the plan would hold them (dropped ones away between their drop and the
+  recomputation) and the checkpoints of the segments before s. The DP keeps, for each cut, the
+  Pareto set of (checkpoint bytes so far, recomputation time). The result is checked against the
+  static profile and one simulated iteration, and planned again with a tighter budget when either
+  exceeds the capacity. With no segmentation that fits, it falls back to sqrt and says so.
+
+A segment is only cut where its recomputation can read what it needs: every tensor it reads from
+outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
+feature maps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Action, Drop, Plan, Policy, choice, register
+from .base import Recompute as RecomputeAction
+from .layers import TraceView
+from .planning import Usage, alive_in_trace, chain_inputs, fit_by_profiling
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    dropped: tuple[int, ...]
+    chain: tuple[int, ...]
+    before_op: int | None
+    kept_bytes: int
+    dropped_bytes: int
+    transient_bytes: int
+    recompute_us: float
+    valid: bool
+    span: tuple[tuple[int, int], tuple[int, int]]  # forward and backward slot spans
+
+
+class Segmenter:
+    """Cost and memory of each candidate segment of a trace."""
+
+    def __init__(self, view: TraceView) -> None:
+        self.view = view
+        self.saved = set(t for t in view.saved if view.tensor[t].kind == "activation")
+        self.cands = [i for i, lay in enumerate(view.fwd)
+                      if any(t in self.saved for t in view.outputs(lay))]
+        self._cache: dict[tuple[int, int], SegmentCost] = {}
+
+    @property
+    def n(self) -> int:
+        return len(self.cands)
+
+    def layers(self, a: int, b: int) -> range:
+        """Forward layer indices of the segment holding candidates a..b-1."""
+        lo = self.cands[a - 1] + 1 if a > 0 else 0
+        return range(lo, self.cands[b - 1] + 1)
+
+    def cost(self, a: int, b: int) -> SegmentCost:
+        key = (a, b)
+        if key not in self._cache:
+            self._cache[key] = self._cost(a, b)
+        return self._cache[key]
+
+    def _cost(self, a: int, b: int) -> SegmentCost:
+        view = self.view
+        layers = [view.fwd[i] for i in self.layers(a, b)]
+        ops = [o for lay in layers for o in lay.ops]
+        in_seg = set(ops)
+        last_layer_ops = set(layers[-1].ops)
+        produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
+        kept, dropped = [], []
+        for t in produced:
+            outside = any(r not in in_seg for r in view.fwd_readers(t))
+            if view.tensor[t].producer in last_layer_ops or outside:
+                kept.append(t)
+            else:
+                dropped.append(t)
+        fwd_span = (view.start(ops[0]), view.end(ops[-1]) + 1)
+        frees = [view.free_slot(t) for t in produced]
+        needs = [view.first_bwd_reader(t) for t in produced]
+        bwd_lo = min(view.start(n) for n in needs if n is not None)
+        bwd_span = (bwd_lo, max(frees))
+        kb = sum(view.tensor[t].size_bytes for t in kept)
+        db = sum(view.tensor[t].size_bytes for t in dropped)
+        if not dropped:
+            return SegmentCost((), (), None, kb, 0, 0, 0.0, True, (fwd_span, bwd_span))
+        drop_set = set(dropped)
+        last = max(i for i, o in enumerate(ops)
+                   if drop_set & set(view.op[o].writes)
+                   or any(o in view.inplace_ops(t) for t in dropped))
+        chain = tuple(ops[: last + 1])
+        before = min((view.first_bwd_reader(t) for t in dropped),
+                     key=lambda o: view.pos[o])  # type: ignore[arg-type,index]
+        assert before is not None
+        slot = view.before(before)
+        valid = all(alive_in_trace(view, t, slot) and t not in drop_set
+                    for t in chain_inputs(view, chain))
+        transient = sum(view.tensor[t].size_bytes for o in chain for t in view.op[o].writes
+                        if t not in drop_set and not alive_in_trace(view, t, slot))
+        us = sum(view.op[o].dur_us for o in chain)
+        return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid,
+                           (fwd_span, bwd_span))
+
+    def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
+        """Drops and recomputations for segments ending at candidate positions `cuts` (the last
+        one is n); returns the actions, the recomputation time and how many segments could not
+        be recomputed."""
+        acts: list[Action] = []
+        total, invalid = 0.0, 0
+        a = 0
+        for b in cuts:
+            c = self.cost(a, b)
+            a = b
+            if not c.dropped:
+                continue
+            if not c.valid:
+                invalid += 1
+                continue
+            assert c.before_op is not None
+            for t in c.dropped:
+                last = self.view.last_fwd_reader(t)
+                acts.append(Drop(t, last if last is not None else self.view.tensor[t].producer))
+            acts.append(RecomputeAction(c.chain, c.before_op, c.dropped))
+            total += c.recompute_us
+        return acts, total, invalid
+
+    def usage(self, acts: list[Action]) -> Usage:
+        """The static profile under these drops and recomputations."""
+        view = self.view
+        u = Usage(view)
+        back: dict[int, int] = {}
+        for act in acts:
+            if isinstance(act, RecomputeAction):
+                slot = view.before(act.before_op)
+                for t in act.tensors:
+                    back[t] = slot
+                drop_set = set(act.tensors)
+                u.add(sum(view.tensor[t].size_bytes for o in act.ops for t in view.op[o].writes
+                          if t not in drop_set and not alive_in_trace(view, t, slot)),
+                      slot, slot + 1)
+        for act in acts:
+            if isinstance(act, Drop):
+                u.remove(view.tensor[act.tensor].size_bytes, view.end(act.after_op),
+                         back[act.tensor])
+        return u
+
+    def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
+        """Highest bytes on the device while the segment's feature maps live: the profile
+        without feature maps (`base`) plus the segment's own maps, kept ones from their
+        allocation to their free, dropped ones until their drop and again from the
+        recomputation (with its transient intermediates)."""
+        view, c = self.view, self.cost(a, b)
+        layers = self.layers(a, b)
+        ops = [o for i in layers for o in view.fwd[i].ops]
+        produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
+        lo = min(view.alloc_slot(t) for t in produced)
+        hi = max(view.free_slot(t) for t in produced)
+        own = np.zeros(hi - lo + 1, dtype=np.int64)
+        dropped = set(c.dropped) if c.valid else set()
+        rc = view.before(c.before_op) if c.before_op is not None and c.valid else None
+        for t in produced:
+            size = view.tensor[t].size_bytes
+            a0, f0 = view.alloc_slot(t) - lo, view.free_slot(t) - lo
+            if t in dropped and rc is not None:
+                last = view.last_fwd_reader(t)
+                d0 = view.end(last if last is not None else view.tensor[t].producer) - lo
+                own[a0] += size
+                own[d0] -= size
+                own[rc - lo] += size
+                own[f0] -= size
+            else:
+                own[a0] += size
+                own[f0] -= size
+        prof = np.cumsum(own)[:-1] + base[lo:hi]
+        if rc is not None:
+            prof[rc - lo] += c.transient_bytes
+        return int(prof.max()) if len(prof) else 0
+
+    def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
+        """Cuts of least recomputation time whose memory model fits `budget`; None if none.
+        Model: while segment s's maps live, the device holds the profile without feature maps,
+        s's own maps (own_peak) and the checkpoints of the segments before it."""
+        n = self.n
+        # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
+        fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
+            [[] for _ in range(n)]
+        for b in range(1, n + 1):
+            options = []
+            for a in range(b):
+                if not fronts[a]:
+                    continue
+                c = self.cost(a, b)
+                rc = c.recompute_us if c.valid else 0.0
+                peak = self.own_peak(a, b, base)
+                kept = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
+                for idx, (before, t, _, _) in enumerate(fronts[a]):
+                    if before + peak <= budget:
+                        options.append((before + kept, t + rc, a, idx))
+            options.sort(key=lambda o: (o[0], o[1]))
+            front: list[tuple[int, float, int, int]] = []
+            for o in options:
+                if not front or o[1] < front[-1][1]:
+                    front.append(o)
+            fronts[b] = front
+        if not fronts[n]:
+            return None
+        best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
+        cuts, b, i = [], n, best
+        while b > 0:
+            cuts.append(b)
+            _, _, a, i = fronts[b][i]
+            b = a
+        return sorted(cuts)
+
+    def base_without_saved(self) -> np.ndarray:
+        view = self.view
+        u = Usage(view)
+        for t in self.saved:
+            u.remove(view.tensor[t].size_bytes, view.alloc_slot(t), view.free_slot(t))
+        return u.bytes
+
+
+@register
+@dataclass(frozen=True)
+class Checkpointing(Policy):
+    name = "recompute"
+    description = ("gradient checkpointing (Chen et al. 2016): drop feature maps inside segments, "
+                   "recompute each segment in backward; every-k, sqrt or optimal (least "
+                   "recomputation that fits, by dynamic programming)")
+    strategy: str = choice("sqrt", "every-k", "optimal")
+    k: int = 2
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        seg = Segmenter(TraceView(trace))
+        if seg.n == 0:
+            return Plan(notes=("recompute: no saved feature maps to drop",))
+        if self.strategy == "optimal":
+            plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                           lambda budget: self._optimal(seg, budget))
+            return Plan(actions=plan.actions, notes=(*plan.notes, *notes))
+        k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(seg.n)))
+        return self._fixed(seg, k)
+
+    def _fixed(self, seg: Segmenter, k: int, why: str = "") -> Plan:
+        cuts = [*range(k, seg.n, k), seg.n]
+        return self._plan(seg, cuts, f"recompute: a checkpoint every {k} of {seg.n} layers{why}")
+
+    def _plan(self, seg: Segmenter, cuts: list[int], what: str) -> Plan:
+        acts, us, invalid = seg.actions(cuts)
+        notes = [f"{what}: {len(cuts)} segment(s), {us:.0f} us of recomputation planned"]
+        if invalid:
+            notes.append(f"recompute: {invalid} segment(s) keep their feature maps: their "
+                         f"recomputation would read a tensor the trace has freed by then")
+        return Plan(actions=tuple(acts), notes=tuple(notes))
+
+    def _optimal(self, seg: Segmenter, budget: int) -> Plan:
+        base = seg.base_without_saved()
+        target = budget
+        for _ in range(6):
+            cuts = seg.optimal(target, base)
+            if cuts is None:
+                k = max(1, round(math.sqrt(seg.n)))
+                return self._fixed(seg, k, f" (no segmentation fits {budget} B by the model: "
+                                           f"fell back to sqrt)")
+            acts, _, _ = seg.actions(cuts)
+            peak = seg.usage(acts).peak
+            if peak <= budget:
+                break
+            target -= peak - budget
+        return self._plan(seg, cuts, "recompute optimal")

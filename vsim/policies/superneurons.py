@@ -1,0 +1,226 @@
+"""`superneurons`: SuperNeurons (Wang et al., PPoPP'18), its three techniques in its order.
+
+1. Liveness analysis: every activation, gradient, workspace and temporary is released right after
+   its last reader (Release), where the trace kept it longer.
+2. Cost-aware recomputation: the saved outputs of cheap layers (POOL, ACT, BN, LRN: their forward
+   costs little next to a CONV) are dropped after their last forward reader and recomputed in
+   backward. The network is cut into segments of consecutive cheap layers; each segment is
+   recomputed speed-centric (once, at its first backward need, keeping all its outputs until their
+   backward readers free them) or memory-centric (each output recomputed from the segment's start
+   right before its own backward reader, the intermediates given back at once).
+   recompute=auto chooses per segment as the paper does: speed-centric unless that raises the
+   network's peak, memory-centric otherwise.
+3. Offload of CONV outputs through an LRU tensor cache, only under memory pressure: walking the
+   static profile, wherever it exceeds the capacity the least recently used CONV output that is
+   not needed again before that point is evicted (copied out after its last forward reader), and
+   prefetched at the start of the backward CONV layer before the one that needs it (or later
+   where memory does not allow). Offloaded tensors live in a reused pinned pool; an allocation
+   that does not fit waits for offloads in flight (Plan.wait_for_memory).
+
+The plan is checked with one simulated iteration and re-planned against a tighter budget when the
+check runs out of memory (planning.fit_by_profiling): SuperNeurons' runtime decides evictions as
+allocations fail, which a static plan can only approximate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .base import Action, Drop, Plan, Policy, Recompute, choice, register
+from .layers import TraceView
+from .planning import (
+    Evictions,
+    Swap,
+    Usage,
+    alive_in_trace,
+    apply_releases,
+    chain_inputs,
+    fit_by_profiling,
+    host_pool_bytes,
+    liveness_releases,
+)
+
+CHEAP = ("relu", "gelu", "pool", "bn", "lrn")
+"""Layer types SuperNeurons recomputes (POOL, ACT, BN, LRN)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    ops: tuple[int, ...]          # the segment's forward ops, in trace order
+    dropped: tuple[int, ...]      # its saved outputs, dropped after their last forward reader
+
+
+def segments(view: TraceView) -> list[Segment]:
+    """Runs of consecutive cheap forward layers and the saved outputs they produce."""
+    out: list[Segment] = []
+    run: list[int] = []
+    for lay in [*view.fwd, None]:
+        if lay is not None and lay.layer_type in CHEAP:
+            run.extend(lay.ops)
+            continue
+        if run:
+            dropped = [t for o in run for t in view.op[o].writes
+                       if view.is_saved(t) and view.tensor[t].kind == "activation"]
+            if dropped:
+                out.append(Segment(tuple(run), tuple(dropped)))
+            run = []
+    return out
+
+
+def _chain_to(view: TraceView, seg: Segment, tensors: set[int]) -> tuple[int, ...]:
+    """The segment's ops from its start through the last one that writes or modifies in place
+    one of `tensors`."""
+    last = 0
+    for i, o in enumerate(seg.ops):
+        op = view.op[o]
+        if tensors & set(op.writes) or any(o in view.inplace_ops(t) for t in tensors):
+            last = i
+    return seg.ops[: last + 1]
+
+
+def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action]:
+    need = {t: view.first_bwd_reader(t) for t in seg.dropped}
+    acts: list[Action] = []
+    for t in seg.dropped:
+        last = view.last_fwd_reader(t)
+        acts.append(Drop(t, last if last is not None else view.tensor[t].producer or 0))
+    if speed:
+        first = min(seg.dropped, key=lambda t: view.pos[need[t]])  # type: ignore[index]
+        acts.append(Recompute(_chain_to(view, seg, set(seg.dropped)), need[first] or 0,
+                              seg.dropped))
+    else:
+        for t in sorted(seg.dropped, key=lambda t: view.pos[need[t]]):  # type: ignore[index]
+            acts.append(Recompute(_chain_to(view, seg, {t}), need[t] or 0, (t,)))
+    return acts
+
+
+def feasible(view: TraceView, acts: list[Action], dropped: set[int]) -> bool:
+    """Every recomputation reads only tensors that the trace still holds at that point and that
+    no segment drops."""
+    return all(alive_in_trace(view, t, view.before(a.before_op)) and t not in dropped
+               for a in acts if isinstance(a, Recompute) for t in chain_inputs(view, a.ops))
+
+
+def _apply(usage: Usage, view: TraceView, acts: list[Action]) -> None:
+    """Take a segment's drops and recomputations into the static profile: each dropped tensor is
+    off the device from its drop until the recomputation that brings it back."""
+    back: dict[int, int] = {}
+    for a in acts:
+        if isinstance(a, Recompute):
+            for t in a.tensors:
+                back[t] = view.before(a.before_op)
+    for a in acts:
+        if isinstance(a, Drop):
+            usage.remove(view.tensor[a.tensor].size_bytes, view.end(a.after_op), back[a.tensor])
+
+
+@register
+@dataclass(frozen=True)
+class SuperNeurons(Policy):
+    name = "superneurons"
+    description = ("SuperNeurons: liveness release, cost-aware recomputation of cheap layers, LRU "
+                   "offload of CONV outputs under memory pressure with prefetch at backward CONVs")
+    recompute: str = choice("auto", "speed", "memory", "off")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda budget: self._plan(trace, hw, budget))
+        return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
+                    pinned_pool_bytes=plan.pinned_pool_bytes, wait_for_memory=True)
+
+    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+        view = TraceView(trace)
+        actions: list[Action] = []
+        # 1. liveness
+        releases = liveness_releases(view)
+        actions += releases
+        usage = Usage(view)
+        apply_releases(usage, view, releases)
+        # 2. cost-aware recomputation, per segment
+        needs: dict[int, int] = {}
+        n_speed = n_memory = n_skipped = 0
+        if self.recompute != "off":
+            segs = segments(view)
+            all_dropped = {t for seg in segs for t in seg.dropped}
+            for seg in segs:
+                mem = recompute_actions(view, seg, speed=False)
+                if not feasible(view, recompute_actions(view, seg, speed=True), all_dropped) \
+                        or not feasible(view, mem, all_dropped):
+                    n_skipped += 1
+                    continue
+                chosen = mem
+                if self.recompute in ("speed", "auto"):
+                    fast = recompute_actions(view, seg, speed=True)
+                    if self.recompute == "speed":
+                        chosen = fast
+                    else:
+                        trial_fast, trial_mem = _copy(usage), _copy(usage)
+                        _apply(trial_fast, view, fast)
+                        _apply(trial_mem, view, mem)
+                        if trial_fast.peak <= trial_mem.peak:
+                            chosen = fast
+                if chosen is mem:
+                    n_memory += 1
+                else:
+                    n_speed += 1
+                _apply(usage, view, chosen)
+                actions += chosen
+                for a in chosen:
+                    if isinstance(a, Recompute):
+                        for t in chain_inputs(view, a.ops):
+                            if t not in needs or view.pos[a.before_op] < view.pos[needs[t]]:
+                                needs[t] = a.before_op
+        # 3. LRU offload of CONV outputs, only where the profile exceeds the budget
+        ev = Evictions(view, hw, usage, budget)
+        ev.needs.update(needs)
+        candidates = [t for t in view.saved
+                      if view.tensor[t].kind == "activation"
+                      and view.layer_of[view.tensor[t].producer or 0].layer_type == "conv"
+                      and view.tensor[t].producer is not None]
+        while (x := ev.usage.over(budget)) is not None:
+            best: tuple[int, int] | None = None
+            for t in candidates:
+                if t in ev.swaps:
+                    continue
+                lo, hi = ev.swap_window(t)
+                if lo <= x < hi:
+                    key = (view.end(ev.last_fwd_use(t)), t)  # least recently used first
+                    if best is None or key < best:
+                        best = key
+            if best is None:
+                break
+            ev.add_swap(best[1])
+        ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
+        notes = []
+        if n_speed or n_memory or n_skipped:
+            notes.append(f"superneurons: {n_speed} segment(s) recomputed speed-centric, "
+                         f"{n_memory} memory-centric, {n_skipped} kept (their recomputation "
+                         f"would read a tensor the trace has freed by then)")
+        if (x := ev.usage.over(budget)) is not None:
+            notes.append(f"superneurons: the static profile still exceeds {budget} B at op "
+                         f"{view.ops[x // 2].id}: no CONV output left to evict there")
+        return Plan(actions=(*actions, *ev.actions()), notes=tuple(notes),
+                    pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),
+                    wait_for_memory=True)
+
+
+def _copy(usage: Usage) -> Usage:
+    u = Usage.__new__(Usage)
+    u.view = usage.view
+    u.bytes = usage.bytes.copy()
+    return u
+
+
+def _previous_bwd_conv(view: TraceView, s: Swap) -> int:
+    """Start slot of the last backward CONV layer that starts before the layer that needs the
+    tensor: SuperNeurons prefetches one CONV ahead."""
+    need_layer = view.layer_of[s.need_op]
+    best = view.start(need_layer.first)
+    for lay in view.bwd:
+        if view.pos[lay.first] >= view.pos[need_layer.first]:
+            break
+        if lay.layer_type == "conv":
+            best = view.start(lay.first)
+    return best

@@ -1,0 +1,57 @@
+"""`vdnnpp`: vDNN++ (Shriram, Garg, Kulkarni, IPDPS'19): vDNN without its per-layer
+synchronisation.
+
+Offloads are vDNN's (each layer's input X during the layer's forward when it is X's last forward
+reader; ReLU and in-place layers never; mode all or conv), but no layer waits for them: the device
+copy goes when both the copy and the layer have ended, and an allocation that does not fit waits
+for offloads in flight (Plan.wait_for_memory) rather than every layer waiting for every copy. An
+op waits only for the prefetches of what it reads.
+
+Prefetches are issued as early as memory allows: in order of need, each from the start of the
+backward pass (or the first op after its offload is gone) at the earliest op from which keeping it
+on the device until its reader stays within the capacity, by the static profile (planning.py).
+
+Host side: one pinned pool, sized to the most bytes away at once and reused across tensors
+(Plan.pinned_pool_bytes), instead of a pinned buffer per offloaded tensor.
+
+Not modelled: vDNN++'s allocation-order and placement heuristics against fragmentation act on
+the allocator; with the exact allocator there is no fragmentation to cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..trace.schema import Trace
+from .algorithms import memory_optimal_retimes
+from .base import Plan, Policy, choice, register
+from .layers import TraceView
+from .planning import Evictions, Swap, Usage, host_pool_bytes
+from .vdnn import offload_sets
+
+
+@register
+@dataclass(frozen=True)
+class VDNNPlusPlus(Policy):
+    name = "vdnnpp"
+    description = ("vDNN++: vDNN's offloads without per-layer sync, prefetch as early as memory "
+                   "allows, a reused pinned host pool")
+    mode: str = choice("all", "conv")
+    algo: str = choice("performance", "memory")
+
+    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        view = TraceView(trace)
+        retimes, notes = memory_optimal_retimes(trace) if self.algo == "memory" else ([], [])
+        ev = Evictions(view, hw, Usage(view, retimes), capacity_bytes)
+        for i, xs in sorted(offload_sets(view, self.mode).items()):
+            lay = view.fwd[i]
+            for x in xs:
+                ev.add_swap(x, Swap(x, lay.first, False, lay.last, view.end(lay.last),
+                                    ev.need(x)), update=False)
+        ev.usage = ev._usage()
+        first_bwd = view.start(view.bwd[0].first) if view.bwd else 0
+        ev.place_prefetches(lambda s: first_bwd)
+        return Plan(actions=(*ev.actions(), *retimes), notes=tuple(notes),
+                    pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),
+                    wait_for_memory=True)
