@@ -9,7 +9,7 @@ synchronisation of the compute stream; in backward they come back through a fixe
 reusable buffers, `buffers` layers in flight: the data of layer k is fetched when the backward of
 the layer `buffers - 1` layers above it starts (buffers=1: when its own backward starts), or later
 when the device has no room for it by then (the fetch waits for a free buffer). A feature map that
-would come back before it could have left stays on the device.
+would be fetched back at the op right after it left (the loss's softmax) stays on the device.
 
 Approximated: the buffers are not a separate pool of fixed slots; their bound shows as the
 prefetch distance, and a forward allocation that does not fit waits for offloads in flight
@@ -55,7 +55,7 @@ class Layrub(Policy):
             need_layer = view.layer_of[s.need_op]
             j = bwd_pos.get(need_layer.first, 0)
             ahead = view.bwd[max(0, j - (self.buffers - 1))].first
-            if view.pos[ahead] <= view.pos[s.offload_op]:
+            if view.pos[ahead] <= view.pos[s.offload_op] + 1:
                 kept += 1
                 continue
             ahead_of[t] = ahead

@@ -138,6 +138,25 @@ def recompute_chain(view: TraceView, t: int) -> tuple[int, ...]:
     return tuple(sorted({producer, *view.inplace_ops(t)}, key=view.pos.__getitem__))
 
 
+def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], slot: int
+                  ) -> tuple[int, ...]:
+    """The fewest of `ops` (forward ops, trace order) that rebuild `targets` at `slot`: the ops
+    that write a target or modify one in place, and, recursively, those that write what they
+    read when it is no longer on the device at `slot` (by the trace)."""
+    ops = list(ops)
+    needed = set(targets)
+    chosen: list[int] = []
+    for o in reversed(ops):
+        op = view.op[o]
+        if needed & set(op.writes) or any(o in view.inplace_ops(t) for t in needed):
+            chosen.append(o)
+            for t in op.reads:
+                producer = view.tensor[t].producer
+                if producer in ops and not alive_in_trace(view, t, slot):
+                    needed.add(t)
+    return tuple(reversed(chosen))
+
+
 def chain_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
     """Tensors the chain reads that it does not write itself."""
     ops = [view.op[o] for o in chain]
@@ -303,14 +322,17 @@ class Evictions:
     def place_prefetches(self, desired: Callable[[Swap], int]) -> None:
         """In order of need, issue each prefetch at the op-start slot `desired(swap)` or, when
         that would break the budget, the earliest later slot that does not (at the latest at
-        the reader itself)."""
+        the reader itself). Never before an earlier-needed prefetch: one H2D engine serves
+        them in issue order, and a later need issued first would delay an earlier one."""
         view = self.view
         order = sorted(self.swaps.values(), key=lambda s: (view.pos[s.need_op], s.tensor))
+        floor = 0
         for s in order:
             need = view.start(s.need_op)
-            lo = max(desired(s), s.release_slot + 1)
+            lo = max(desired(s), s.release_slot + 1, floor)
             slot = place_prefetch(self.usage, view.tensor[s.tensor].size_bytes, lo, need,
                                   self.budget)
+            floor = slot
             s.prefetch_op = view.ops[slot // 2].id
             self.usage.add(view.tensor[s.tensor].size_bytes, slot, need)
 

@@ -5,8 +5,9 @@ The forward layers that produce saved feature maps are cut into segments. In eac
 feature maps that only the segment itself reads in forward are dropped after their last forward
 reader; the segment's checkpoint (what its last layer produces, and anything a later layer reads)
 stays. In backward, just before the first op that needs one of the dropped maps, the segment's
-forward ops are re-run from its start (one recomputation per segment, as in the paper's Algorithm
-1), bringing the dropped maps back until their backward readers free them.
+forward ops are re-run (one recomputation per segment, as in the paper's Algorithm 1: those of its
+ops that rebuild the dropped maps from what is still on the device), bringing the dropped maps back
+until their backward readers free them.
 
 Strategies:
 - every-k: a checkpoint every k layers (the `k` field).
@@ -37,7 +38,7 @@ from ..trace.schema import Trace
 from .base import Action, Drop, Plan, Policy, choice, register
 from .base import Recompute as RecomputeAction
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, chain_inputs, fit_by_profiling
+from .planning import Usage, alive_in_trace, chain_inputs, fit_by_profiling, rebuild_chain
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,11 @@ class Segmenter:
         if not dropped:
             return SegmentCost((), (), None, kb, 0, 0, 0.0, True, (fwd_span, bwd_span))
         drop_set = set(dropped)
-        last = max(i for i, o in enumerate(ops)
-                   if drop_set & set(view.op[o].writes)
-                   or any(o in view.inplace_ops(t) for t in dropped))
-        chain = tuple(ops[: last + 1])
         before = min((view.first_bwd_reader(t) for t in dropped),
                      key=lambda o: view.pos[o])  # type: ignore[arg-type,index]
         assert before is not None
         slot = view.before(before)
+        chain = rebuild_chain(view, ops, dropped, slot)
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
         transient = sum(view.tensor[t].size_bytes for o in chain for t in view.op[o].writes

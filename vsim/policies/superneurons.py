@@ -6,8 +6,8 @@
    costs little next to a CONV) are dropped after their last forward reader and recomputed in
    backward. The network is cut into segments of consecutive cheap layers; each segment is
    recomputed speed-centric (once, at its first backward need, keeping all its outputs until their
-   backward readers free them) or memory-centric (each output recomputed from the segment's start
-   right before its own backward reader, the intermediates given back at once).
+   backward readers free them) or memory-centric (each output recomputed from what is still on the
+   device right before its own backward reader, the intermediates given back at once).
    recompute=auto chooses per segment as the paper does: speed-centric unless that raises the
    network's peak, memory-centric otherwise.
 3. Offload of CONV outputs through an LRU tensor cache, only under memory pressure: walking the
@@ -40,6 +40,7 @@ from .planning import (
     fit_by_profiling,
     host_pool_bytes,
     liveness_releases,
+    rebuild_chain,
 )
 
 CHEAP = ("relu", "gelu", "pool", "bn", "lrn")
@@ -69,17 +70,6 @@ def segments(view: TraceView) -> list[Segment]:
     return out
 
 
-def _chain_to(view: TraceView, seg: Segment, tensors: set[int]) -> tuple[int, ...]:
-    """The segment's ops from its start through the last one that writes or modifies in place
-    one of `tensors`."""
-    last = 0
-    for i, o in enumerate(seg.ops):
-        op = view.op[o]
-        if tensors & set(op.writes) or any(o in view.inplace_ops(t) for t in tensors):
-            last = i
-    return seg.ops[: last + 1]
-
-
 def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action]:
     need = {t: view.first_bwd_reader(t) for t in seg.dropped}
     acts: list[Action] = []
@@ -88,11 +78,14 @@ def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action
         acts.append(Drop(t, last if last is not None else view.tensor[t].producer or 0))
     if speed:
         first = min(seg.dropped, key=lambda t: view.pos[need[t]])  # type: ignore[index]
-        acts.append(Recompute(_chain_to(view, seg, set(seg.dropped)), need[first] or 0,
-                              seg.dropped))
+        before = need[first] or 0
+        chain = rebuild_chain(view, seg.ops, seg.dropped, view.before(before))
+        acts.append(Recompute(chain, before, seg.dropped))
     else:
         for t in sorted(seg.dropped, key=lambda t: view.pos[need[t]]):  # type: ignore[index]
-            acts.append(Recompute(_chain_to(view, seg, {t}), need[t] or 0, (t,)))
+            before = need[t] or 0
+            chain = rebuild_chain(view, seg.ops, (t,), view.before(before))
+            acts.append(Recompute(chain, before, (t,)))
     return acts
 
 

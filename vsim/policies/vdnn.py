@@ -2,8 +2,9 @@
 
 Forward: during layer n's forward, its input feature map X is copied to the host, starting with
 the layer's first op, if layer n is X's last forward reader (and X is needed again in backward).
-ReLU layers, and layers that modify X in place, never offload it. Both streams synchronise at the
-end of layer n's forward (Sync), and X's device copy is released then.
+ReLU layers, layers that modify X in place, and the topmost layer (the loss, whose backward comes
+right after its forward, with no layer above it to prefetch during) never offload. Both streams
+synchronise at the end of layer n's forward (Sync), and X's device copy is released then.
 
 Backward: before layer m's backward, search layers m-1, m-2, ... for the closest layer that was
 offloaded and not yet prefetched, and prefetch its X (needed by the first backward op that reads
@@ -41,7 +42,12 @@ def offload_sets(view: TraceView, mode: str) -> dict[int, list[int]]:
     reader, needed in backward, not modified in place by it; ReLU layers never offload.
     mode 'conv' keeps CONV layers only."""
     out: dict[int, list[int]] = {}
+    # The topmost layer (the loss) never offloads: its X could only be prefetched during the
+    # backward of a layer above it, and there is none; its backward follows its forward at once.
+    top = max((m for m in view.bwd_to_fwd.values() if m is not None), default=len(view.fwd))
     for i, lay in enumerate(view.fwd):
+        if i >= top:
+            break
         if lay.layer_type == "relu" or (mode == "conv" and lay.layer_type != "conv"):
             continue
         xs = []
