@@ -531,6 +531,7 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
     ops: list[Op] = []
     tensor_producer = {t.id: t.producer for t in tensors}
     clock = 0.0
+    stream_of = {op_id[i]: drafts[i].stream for i in kept}
     for i in kept:
         d = drafts[i]
         n = op_id[i]
@@ -541,8 +542,13 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
             ws = next(k for k, p in enumerate(pending) if p.get("workspace") == i)
             writes.append(ws)
             frees.append(ws)
-        deps = sorted({tensor_producer[t] for t in op_reads[i]
-                       if tensor_producer[t] is not None and tensor_producer[t] != n})
+        dep_set = {tensor_producer[t] for t in op_reads[i]
+                   if tensor_producer[t] is not None and tensor_producer[t] != n}
+        for t in frees:  # a free on another stream waits for the producer and every reader
+            for o in [tensor_producer[t], *consumers.get(t, ())]:
+                if o is not None and o < n and stream_of[o] != d.stream:
+                    dep_set.add(o)
+        deps = sorted(dep_set)
         if d.start_us is None:
             start, dur = clock, 0.0
         else:

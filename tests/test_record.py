@@ -1,0 +1,333 @@
+"""The recorder on the CPU with tiny models (seconds), the zoo's shapes and sizes on the meta
+device, the idle-gap fit and the self-check's replay worked out by hand, calibrate's YAML."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vsim.errors import ConfigError  # noqa: E402
+from vsim.record import selfcheck  # noqa: E402
+from vsim.record.assemble import align, fit_idle  # noqa: E402
+from vsim.record.recorder import Recorder, hardware_guess, record_model, record_step  # noqa: E402
+from vsim.record.zoo import build_model, list_models, resnet_stages  # noqa: E402
+from vsim.trace import Kernel, Measured, Op, Tensor, Trace, load_trace, save_trace  # noqa: E402
+
+FAST = {"warmup": 1, "iters": 2, "timing_iters": 1}
+
+
+def _record(name: str, batch: int = 2) -> Trace:
+    return record_model(name, batch, device="cpu", warmup=1, iters=2, timing_iters=1)
+
+
+@pytest.fixture(scope="module")
+def cnn() -> Trace:
+    return _record("tiny-cnn")
+
+
+# ---------------------------------------------------------------- zoo
+
+def test_list_models_has_the_issue_models() -> None:
+    names = list_models()
+    for name in ("alexnet", "overfeat", "googlenet", "vgg16", "vgg116", "vgg416", "resnet50",
+                 "resnet152", "resnet1517", "gpt2-encoder", "torchvision:NAME",
+                 "MODULE:CALLABLE"):
+        assert name in names and names[name]
+
+
+def test_unknown_model_lists_known_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown model 'nosuchnet'.*alexnet.*gpt2-encoder"):
+        build_model("nosuchnet", 2, "cpu")
+    with pytest.raises(ConfigError, match="no VGG-17"):
+        build_model("vgg17", 2, "cpu")
+    with pytest.raises(ConfigError, match="no ResNet-51"):
+        build_model("resnet51", 2, "cpu")
+    with pytest.raises(ConfigError, match="batch size"):
+        build_model("tiny-mlp", 0, "cpu")
+
+
+def _params_mib(name: str) -> float:
+    with torch.device("meta"):
+        model, _, _ = build_model(name, 1, "meta")
+    return sum(p.numel() for p in model.parameters()) * 4 / 2**20
+
+
+def test_weights_match_the_vdnn_paper() -> None:
+    # vDNN (MICRO-49) Fig. 4 weights: AlexNet 231 MB, OverFeat 559 MB (MiB, read off the figure)
+    assert _params_mib("alexnet") == pytest.approx(231, rel=0.01)
+    assert _params_mib("overfeat") == pytest.approx(559, rel=0.01)
+    # GPT-2 small: 124.4M parameters with the LM head tied to the embedding
+    with torch.device("meta"):
+        gpt, (idx, target), _ = build_model("gpt2-encoder", 1, "meta")
+    assert sum(p.numel() for p in gpt.parameters()) == pytest.approx(124.4e6, rel=0.01)
+    assert gpt.lm_head.weight is gpt.wte.weight and idx.shape == (1, 512)
+
+
+@pytest.mark.parametrize("name,size", [("alexnet", 224), ("overfeat", 231), ("googlenet", 224),
+                                       ("vgg16", 224), ("resnet50", 224)])
+def test_zoo_shapes(name: str, size: int) -> None:
+    with torch.device("meta"):
+        model, (x, y), loss_fn = build_model(name, 2, "meta")
+        out = model(x)
+    assert x.shape == (2, 3, size, size) and out.shape == (2, 1000)
+    assert loss_fn(out, y).shape == ()
+
+
+def test_deep_vgg_and_resnet_depths() -> None:
+    def convs(name: str) -> int:
+        with torch.device("meta"):
+            model, _, _ = build_model(name, 1, "meta")
+        return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert convs("vgg16") == 13 and convs("vgg116") == 113
+    assert resnet_stages(50) == (3, 4, 6, 3) and resnet_stages(152) == (3, 8, 36, 3)
+    assert resnet_stages(1001) == (3, 8, 319, 3) and resnet_stages(1517) == (3, 8, 491, 3)
+    # 3 convs per bottleneck + stem + 4 downsample convs = depth - 2 + 1 + 4 ... counted:
+    assert convs("resnet50") == 3 * 16 + 1 + 4
+
+
+def test_user_model_by_module_and_callable(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mymodels.py").write_text(textwrap.dedent("""
+        import torch
+        def make(batch):
+            model = torch.nn.Linear(4, 3)
+            return model, (torch.randn(batch, 4), torch.zeros(batch, dtype=torch.long)), \\
+                torch.nn.CrossEntropyLoss()
+        def bad(batch):
+            return 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, (x, y), _ = build_model("mymodels:make", 5, "cpu")
+    assert isinstance(model, torch.nn.Linear) and x.shape == (5, 4)
+    with pytest.raises(ConfigError, match="must return"):
+        build_model("mymodels:bad", 5, "cpu")
+    with pytest.raises(ConfigError, match="no callable 'nope'"):
+        build_model("mymodels:nope", 5, "cpu")
+    with pytest.raises(ConfigError, match="cannot import"):
+        build_model("no_such_module_here:make", 5, "cpu")
+
+
+# ---------------------------------------------------------------- the recorder on the CPU
+
+def test_cnn_trace_structure(cnn: Trace, tmp_path: Path) -> None:
+    path = tmp_path / "cnn.vsim.json.gz"
+    save_trace(cnn, path)
+    t = load_trace(path)  # the validating loader accepts it
+    assert t.ops == cnn.ops and t.tensors == cnn.tensors
+    assert [op.id for op in t.ops] == list(range(len(t.ops)))
+    phases = [op.phase for op in t.ops]
+    # fwd, then bwd, then opt, each contiguous
+    assert phases == sorted(phases, key=["fwd", "bwd", "opt"].index)
+    fwd_types = [op.layer_type for op in t.ops if op.phase == "fwd"]
+    assert fwd_types[:3] == ["conv", "relu", "pool"] and "fc" in fwd_types and "loss" in fwd_types
+    convs = [op for op in t.ops if op.layer_type == "conv" and "AccumulateGrad" not in op.name]
+    # each conv layer: one forward op and one backward op with the same module name
+    assert sorted((op.layer, op.phase) for op in convs) == [
+        ("0", "bwd"), ("0", "fwd"), ("3", "bwd"), ("3", "fwd")]
+    # AccumulateGrad ops belong to their parameter's layer
+    acc = [op for op in t.ops if op.name.endswith("AccumulateGrad")]
+    assert {op.layer for op in acc} <= {"0", "3", "7"}
+    kinds = {}
+    for x in t.tensors:
+        kinds.setdefault(x.kind, []).append(x)
+    n_params = 6  # 2 convs and a linear, weight and bias each
+    assert len([x for x in kinds["weight"] if x.producer is None]) == n_params
+    assert len(kinds["optimizer_state"]) == n_params
+    assert sorted(x.name for x in kinds["gradient"] if x.name.startswith("grad ")) == sorted(
+        f"grad {n}.{w}" for n in ("0", "3", "7") for w in ("weight", "bias"))
+    assert len(kinds["input"]) == 2
+    assert all(op.kernels == () and op.stream == 0 for op in t.ops)
+    assert t.meta["source"] == "measured" and t.meta["model"] == "tiny-cnn"
+    assert t.meta["batch_size"] == 2 and t.meta["device"] == "cpu"
+    assert t.meta["recorder"] == "vsim-record 0.1" and t.meta["join"]["structure_only"] == 0
+
+
+def test_cnn_saved_activations_are_read_by_backward(cnn: Trace) -> None:
+    ops = {op.id: op for op in cnn.ops}
+    conv0 = next(op for op in cnn.ops if op.layer == "0" and op.phase == "fwd")
+    out = next(x for x in cnn.tensors if x.producer == conv0.id and x.kind == "activation")
+    # the in-place ReLU saves the conv output; its backward (and the pool's) read it
+    readers = {(ops[c].layer_type, ops[c].phase) for c in out.consumers}
+    assert ("relu", "bwd") in readers and ("relu", "fwd") in readers
+    inp = next(x for x in cnn.tensors if x.name == "input 0")
+    conv0_bwd = next(op for op in cnn.ops if op.layer == "0" and op.phase == "bwd")
+    assert inp.id in conv0_bwd.reads  # the conv saved its input for the weight gradient
+
+
+def test_cnn_selfcheck_matches_measured(cnn: Trace) -> None:
+    c = selfcheck.compare(cnn)
+    assert cnn.measured is not None
+    assert c["peak_ok"] and c["replay_peak_bytes"] == cnn.measured.peak_allocated_bytes
+    # the CPU fit maps the profiled span onto the measured median
+    assert c["replay_time_us"] == pytest.approx(cnn.measured.iteration_time_us, rel=0.03)
+    assert "self-check" not in selfcheck.describe(cnn)
+
+
+def test_resnet_residuals_and_batch_norm() -> None:
+    t = _record("tiny-resnet")
+    types = {op.layer_type for op in t.ops}
+    assert {"conv", "bn", "relu", "add", "pool", "fc"} <= types
+    adds = [op for op in t.ops if op.layer_type == "add" and op.phase == "fwd"]
+    assert len(adds) == 2  # out += identity, once per block
+    # the residual reads the block's input, produced two convs earlier
+    assert all(len(op.deps) >= 1 for op in adds)
+    running = [x for x in t.tensors if x.name.startswith("buffer ")]
+    assert running and all(x.kind == "weight" for x in running)
+
+
+def test_transformer_shared_weights_and_vocabulary() -> None:
+    t = _record("tiny-transformer")
+    types = {op.layer_type for op in t.ops}
+    assert {"embedding", "layernorm", "attention", "gelu", "dropout", "fc", "loss"} <= types
+    wte = [x for x in t.tensors if x.name == "wte.weight"]
+    assert len(wte) == 1  # tied with lm_head: one storage, one tensor
+    assert not [x for x in t.tensors if x.name == "lm_head.weight"]
+    consumers = {next(o for o in t.ops if o.id == c).layer for c in wte[0].consumers}
+    assert {"wte", "lm_head"} <= consumers
+
+
+def test_frozen_parameters_and_user_step() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model[0].weight.requires_grad_(False)
+    model[0].bias.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 1, 0])
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    t = record_step(step, model, opt, inputs=(x, y), device="cpu", **FAST)
+    grads = {x.name for x in t.tensors if x.name.startswith("grad ")}
+    assert grads == {"grad 2.weight", "grad 2.bias"}
+    state = {x.name for x in t.tensors if x.kind == "optimizer_state"}
+    assert {"2.weight.exp_avg", "2.weight.exp_avg_sq"} <= state
+    assert not any(n.startswith("0.") for n in state)
+    assert {"fwd", "bwd", "opt"} <= {op.phase for op in t.ops}
+
+
+def test_recorder_block_left_early_and_torch_left_clean() -> None:
+    model = torch.nn.Linear(2, 2)
+    original = torch.autograd.backward
+    with pytest.raises(ConfigError, match="step\\(\\) calls early"):
+        with Recorder(model, device="cpu", **FAST) as rec:
+            for _ in range(5):  # not enough: 1 + 2 + 1 + 2 = 6
+                model(torch.randn(1, 2)).sum().backward()
+                rec.step()
+    assert torch.autograd.backward is original
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    with pytest.raises(ConfigError, match="not finished"):
+        rec.trace
+
+
+def test_recorder_refuses_bad_schedule_and_device() -> None:
+    with pytest.raises(ConfigError, match="at least 1"):
+        Recorder(torch.nn.Linear(1, 1), warmup=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            record_model("tiny-mlp", 2, device="cuda")
+
+
+def test_hardware_guess() -> None:
+    assert hardware_guess("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert hardware_guess("NVIDIA H200") == "h200"
+    assert hardware_guess("NVIDIA A100-SXM4-40GB") is None
+
+
+def test_record_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "m.vsim.json.gz"
+    run = subprocess.run([sys.executable, "-m", "vsim.record", "record", "tiny-mlp", "--batch",
+                          "2", "--device", "cpu", "--warmup", "1", "--iters", "2",
+                          "--timing-iters", "1", "-o", str(out)],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr
+    assert "self-check: replay" in run.stderr and load_trace(out).meta["model"] == "tiny-mlp"
+    bad = subprocess.run([sys.executable, "-m", "vsim.record", "record", "nonet", "--batch", "2",
+                          "--device", "cpu", "-o", str(out)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parent.parent)
+    assert bad.returncode == 2 and "unknown model 'nonet'" in bad.stderr
+
+
+def test_without_torch_the_package_says_so() -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from vsim.errors import ConfigError\n"
+            "try:\n    import vsim.record\n"
+            "except ConfigError as e:\n    assert isinstance(e, ImportError); print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0 and "recording needs PyTorch" in run.stdout
+
+
+# ---------------------------------------------------------------- pure pieces
+
+def test_fit_idle_subtracts_one_constant_from_each_gap() -> None:
+    # busy [10,20] [25,30] [60,70]: gaps 10, 5, 30 (45 idle), busy 25. Target 55 -> idle 30:
+    # subtract c with (10-c)+(5-c)+(30-c) = 30 -> c = 5: gaps 5, 0, 25.
+    warp, info = fit_idle([(10, 20), (25, 30), (60, 70)], 55.0)
+    assert info["fit"] == "subtract" and info["subtract_us"] == pytest.approx(5.0)
+    assert [warp(t) for t in (10, 20, 25, 30, 60, 70)] == pytest.approx([5, 15, 15, 20, 45, 55])
+    # target 27 -> idle 2: c with only the largest gap above it: 30 - c = 2 -> c = 28
+    warp, info = fit_idle([(10, 20), (25, 30), (60, 70)], 27.0)
+    assert info["subtract_us"] == pytest.approx(28.0) and warp(70) == pytest.approx(27.0)
+    # target above the profiled span: gaps scaled by 90/45 = 2
+    warp, info = fit_idle([(10, 20), (25, 30), (60, 70)], 115.0)
+    assert info["fit"] == "scale" and warp(70) == pytest.approx(115.0)
+    assert warp(25) == pytest.approx(20 + 10 + 10)  # 20 + 2 x 5
+    # busy above the target: gaps closed, busy kept (GPU), or everything scaled (CPU)
+    warp, info = fit_idle([(10, 20), (25, 30)], 12.0)
+    assert info["fit"] == "clamp" and warp(30) == pytest.approx(15.0)
+    warp, info = fit_idle([(10, 20), (25, 30)], 12.0, scale_busy=True)
+    assert info["fit"] == "scale-all" and warp(30) == pytest.approx(12.0)
+    warp, info = fit_idle([(10, 20)], None)
+    assert info["fit"] == "none" and warp(20) == 20
+
+
+def test_align_pairs_matches_and_leftovers() -> None:
+    assert align(["a", "b", "c"], ["a", "x", "c"]) == [(0, 0), (1, None), (None, 1), (2, 2)]
+
+
+def test_replay_estimate_by_hand() -> None:
+    """Stream 0: op0 [0,10], op1 [12,20] (gap 2), op2 [20,25]. Stream 3: op3 [5,9] needs op1.
+    Replay: op0 0..10, op1 12..20, op2 20..25, op3 max(5, 20)=20..24 -> 25 us.
+    Memory: w 100 resident; op0 makes a 50 (freed by op2), op1 makes b 30; peak after op1:
+    100 + 50 + 30 = 180; op3 makes c 40 after a was freed: 170."""
+    tensors = (Tensor(0, 100, "weight"), Tensor(1, 50, "activation", producer=0),
+               Tensor(2, 30, "activation", producer=1), Tensor(3, 40, "temporary", producer=3))
+    k = (Kernel("k", 7, 0.0, 1.0),)
+    ops = (Op(0, "a", "l", "conv", "fwd", 0, 10, writes=(1,), kernels=k),
+           Op(1, "b", "l", "conv", "fwd", 12, 8, writes=(2,), reads=(1,), deps=(0,)),
+           Op(2, "c", "l", "conv", "fwd", 20, 5, reads=(1,), frees=(1,), deps=(0,)),
+           Op(3, "d", "l", "other", "fwd", 5, 4, stream=3, writes=(3,), deps=(1,)))
+    trace = Trace({"source": "synthetic"}, tensors, ops, Measured(25.0, 180, 200))
+    assert selfcheck.replay_estimate(trace) == (25.0, 180)
+    c = selfcheck.compare(trace)
+    assert c["time_ok"] and c["peak_ok"] and c["time_error"] == 0.0
+
+
+def test_calibrate_yaml_loads_as_a_profile(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    from vsim.hardware import load_hardware
+    from vsim.record.calibrate import _fit_path, write_profile
+
+    doc = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "h100-sxm.yaml")
+                         .read_text())
+    # 64 KiB in 10 us, 1 MiB in 30 us, 1 GiB in 20 ms, latency 5 us: best 53.69 GB/s;
+    # efficiency(64 KiB) = 65536 / (53687 x 5) = 24.4%
+    doc["link"]["h2d"]["pinned"] = _fit_path([(65536, 10.0), (2**20, 30.0), (2**30, 20000.0)],
+                                             5.0)
+    doc["provenance"]["method"] = 'quotes " and colons: and # hashes'
+    doc["measurements"] = {"h2d_pinned": [{"size": "64KiB", "time": "10.00us"}]}
+    path = tmp_path / "x.yaml"
+    write_profile(doc, path)
+    hw = load_hardware(str(path))
+    assert hw.h2d.pinned.bandwidth_bytes_per_us == pytest.approx(53687.1, rel=1e-3)
+    assert hw.h2d.pinned.efficiency[0] == (65536, pytest.approx(0.244))
+    assert hw.provenance["method"] == 'quotes " and colons: and # hashes'
