@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("calibrate", help="measure this GPU into a hardware profile (needs torch)")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_calibrate)
+    _add_sweep_and_compare(verbs)
     return parser
 
 
@@ -402,3 +403,162 @@ def format_validation(result: dict[str, Any]) -> str:
                  f"{_pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
     return "\n".join(lines)
 
+
+
+# ------------------------------------------------------------------ sweep and compare
+
+def _add_sweep_and_compare(verbs: Any) -> None:
+    p = verbs.add_parser("sweep", help="simulate a grid of configurations (local processes or "
+                         "a Dask cluster)")
+    p.add_argument("file", nargs="?", help="YAML sweep file with the axes trace, hw, memory, "
+                   "policy, allocator (and output); flags given here replace its axes")
+    p.add_argument("--trace", nargs="+", action="extend", help="trace files")
+    p.add_argument("--hw", nargs="+", action="extend", help="hardware profiles, optionally with "
+                   "hypothetical links: h100-sxm:link=16GB/s (keys h2d, d2h, link, duplex)")
+    p.add_argument("--memory", nargs="+", action="extend", help="capacities: sizes, ranges "
+                   "LOW..HIGH/STEP (4GiB..24GiB/0.5GiB), or default (the profile's)")
+    p.add_argument("--policy", nargs="+", action="extend", help="policy specs (default: none)")
+    p.add_argument("--allocator", nargs="+", action="extend",
+                   help="allocator specs (default: exact)")
+    p.add_argument("-o", "--output", action="append", help="results file, .csv or .jsonl "
+                   "(repeat for both); configurations already in it are skipped")
+    p.add_argument("--workers", type=int, help="local processes (default: the CPU count)")
+    p.add_argument("--scheduler", help="Dask scheduler address tcp://HOST:PORT (needs "
+                   "vsim[sweep]); workers must see the trace files at the same paths")
+    p.add_argument("--plot", metavar="DIR", help="write the sweep's plots (PNG) into DIR")
+    p.add_argument("--json", action="store_true", help="print a summary object")
+    p.set_defaults(handler=cmd_sweep)
+
+    p = verbs.add_parser("compare", help="metric deltas between two traces; --merge writes one "
+                         "Perfetto file with both")
+    p.add_argument("a", help="first trace (e.g. measured)")
+    p.add_argument("b", help="second trace (e.g. predicted)")
+    p.add_argument("--merge", help="write both runs into one Chrome-trace JSON (.json or "
+                   ".json.gz) for ui.perfetto.dev, one process each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_compare)
+
+
+class _ProgressBar:
+    """A text progress bar on stderr: redrawn in place on a terminal (at most 10 times a
+    second), one line every few seconds otherwise."""
+
+    def __init__(self) -> None:
+        import time
+        self.clock = time.monotonic
+        self.start = self.clock()
+        self.last = -1e9
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if 0 < done < total and now - self.last < (0.1 if self.tty else 5.0):
+            return
+        self.last = now
+        elapsed = now - self.start
+        width = 30
+        filled = width if total == 0 else width * done // total
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = f", {(total - done) / rate:.0f} s left" if 0 < done < total and rate else ""
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} configurations, "
+                f"{elapsed:.1f} s{eta}")
+        if self.tty:
+            print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import build_grid, load_sweep_file, run_sweep
+
+    axes = load_sweep_file(args.file) if args.file else {}
+    where: dict[str, str] = {}
+
+    def axis(name: str, flag: list[str] | None, default: list[str] | None) -> list[str]:
+        if flag:
+            return flag
+        if name in axes:
+            where[name] = f"{args.file}: {name}"
+            return axes[name]
+        if default is None:
+            flag = "-o" if name == "output" else f"--{name}"
+            if args.file:
+                raise ConfigError(f"no {name}: give it here or as {flag}", args.file)
+            raise ConfigError(f"{flag}: required (or give a sweep file)")
+        return default
+
+    outputs = axis("output", args.output, None)
+    for path in outputs:
+        _check_output(path, "-o")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    if args.plot and not Path(args.plot).is_dir():
+        if not Path(args.plot).parent.is_dir():
+            raise ConfigError(f"--plot: folder {str(Path(args.plot).parent)!r} does not exist")
+        Path(args.plot).mkdir()
+    grid = build_grid(axis("trace", args.trace, None), axis("hw", args.hw, None),
+                      axis("memory", args.memory, ["default"]),
+                      axis("policy", args.policy, ["none"]),
+                      axis("allocator", args.allocator, ["exact"]), where=where)
+    summary = run_sweep(grid, outputs, workers=args.workers, scheduler=args.scheduler,
+                        progress=_ProgressBar())
+    plots: list[str] = []
+    if args.plot:
+        from .plots import plot_sweep
+        from .sweep import read_rows
+        plots = plot_sweep(read_rows(outputs[0]), args.plot)
+    result = {**summary.to_json(), "outputs": outputs, "plots": plots}
+    for err in summary.errors[:5]:
+        _progress(f"vsim: simulation failed: {' '.join(err['key'])}: {err['error']}")
+    if args.json:
+        _emit_json(result)
+    else:
+        rate = f" ({result['configs_per_s']} configurations/s)" if summary.ran else ""
+        print(f"{summary.configs} configurations: {summary.ran} simulated in "
+              f"{summary.seconds:.1f} s{rate} on {summary.workers} "
+              f"{'Dask worker' if args.scheduler else 'process'}"
+              f"{'' if summary.workers == 1 else 'es' if not args.scheduler else 's'}, "
+              f"{summary.skipped} already "
+              f"in {outputs[0]}, {len(summary.errors)} failed")
+        for path in plots:
+            print(f"plot: {path}")
+    return 1 if summary.errors else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, save_merged
+    from .trace import load_trace
+
+    if args.merge:
+        _check_output(args.merge, "--merge")
+    a, b = load_trace(args.a), load_trace(args.b)
+    result = compare(a, b, args.a, args.b)
+    if args.merge:
+        save_merged(a, b, args.merge, args.a, args.b)
+    if args.json:
+        _emit_json({**result, "merged": args.merge})
+        return 0
+    print(format_comparison(result))
+    if args.merge:
+        print(f"merged: {args.merge} (open it in ui.perfetto.dev)")
+    return 0
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """A table: metric, A, B, B - A, (B - A) / A."""
+    a, b = result["a"], result["b"]
+    lines = [f"A: {a['path']} ({a['label']})", f"B: {b['path']} ({b['label']})", "",
+             f"{'metric':22} {'A':>12} {'B':>12} {'B - A':>12} {'B / A - 1':>10}"]
+    for key, d in result["delta"].items():
+        unit: Callable[[Any], str] = format_size if key.endswith("_bytes") else format_time
+
+        def fmt(v: Any, signed: bool = False, unit: Callable[[Any], str] = unit) -> str:
+            if v is None:
+                return "-"
+            return ("-" if v < 0 else "+") + unit(abs(v)) if signed else unit(v)
+        mark = "*" if any(key in s["from_measured_block"] for s in (a, b)) else ""
+        lines.append(f"{key + mark:22} {fmt(d['a']):>12} {fmt(d['b']):>12} "
+                     f"{fmt(d['diff'], True):>12} {_pct(d['rel']):>10}")
+    if a["from_measured_block"] or b["from_measured_block"]:
+        lines.append("* from the trace's measured block (timed without the profiler)")
+    return "\n".join(lines)

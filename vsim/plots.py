@@ -127,6 +127,140 @@ def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
     _save(fig, path)
 
 
+# ------------------------------------------------------------------ sweeps
+
+_MARKERS = "osD^v<>pPX*h"
+_LINES = ("-", "--", "-.", ":")
+
+
+def plot_sweep(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
+    """The pictures of a sweep (rows as vsim.sweep.read_rows gives them), written into
+    `out_dir`: per model and hardware, the slowdown against capacity per policy
+    (slowdown-MODEL-HW.png) and, when the sweep has several batch sizes of the model, the
+    largest batch that fits against capacity per policy (max-batch-MODEL-HW.png). Returns the
+    paths written."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("capacity_bytes") is None or r.get("fits") is None:
+            continue
+        groups.setdefault((_model(r), str(r.get("hardware"))), []).append(r)
+    written = []
+    for (model, hw), group in sorted(groups.items()):
+        stem = f"{_slug(model)}-{_slug(hw)}"
+        path = str(Path(out_dir) / f"slowdown-{stem}.png")
+        plot_slowdown(group, path)
+        written.append(path)
+        if len({r.get("trace.batch_size") for r in group}) >= 2:
+            path = str(Path(out_dir) / f"max-batch-{stem}.png")
+            plot_max_batch(group, path)
+            written.append(path)
+    return written
+
+
+def _model(row: dict[str, Any]) -> str:
+    return str(row.get("trace.model") or Path(str(row.get("trace_path", "?"))).name)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows by policy (and allocator, when the rows have several), in first-seen order."""
+    several = len({r.get("allocator") for r in rows}) > 1
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        name = str(r.get("policy")) + (f" / {r.get('allocator')}" if several else "")
+        out.setdefault(name, []).append(r)
+    return out
+
+
+def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
+    """Iteration time over the no-policy time at ample capacity, against capacity, one line per
+    policy, one panel per batch size; a policy has no point where it runs out of memory."""
+    batches = sorted({r.get("trace.batch_size") for r in rows}, key=lambda b: (b is None, b))
+    ncols = min(3, len(batches))
+    nrows = -(-len(batches) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.2 * ncols), 3.8 * nrows + 1.2),
+                             squeeze=False, sharey=True)
+    handles: dict[str, Any] = {}
+    for ax, batch in zip(axes.flat, batches, strict=False):
+        sel = [r for r in rows if r.get("trace.batch_size") == batch]
+        ax.axhline(1.0, color="gray", linewidth=1)
+        for i, (name, rs) in enumerate(_series(sel).items()):
+            pts = sorted((r["capacity_bytes"] / GIB, r["slowdown"]) for r in rs
+                         if r.get("fits") and r.get("slowdown") is not None)
+            if not pts:
+                continue
+            (line,) = ax.plot(*zip(*pts, strict=True), marker=_MARKERS[i % len(_MARKERS)],
+                              linestyle=_LINES[i % len(_LINES)], markersize=3.5, linewidth=1.3,
+                              label=name, color=f"C{i % 10}")
+            handles.setdefault(name, line)
+        ax.set_title(f"{_model(sel[0])} batch {batch} on {sel[0].get('hardware')}",
+                     fontsize=10)
+        ax.set_xlabel("capacity (GiB)")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("slowdown (x no policy, ample memory)")
+    for ax in list(axes.flat)[len(batches):]:
+        ax.set_visible(False)
+    ncol = 2 if ncols == 1 else 3
+    legend_rows = -(-len(handles) // ncol) + 1
+    bottom = min(0.5, 0.22 * legend_rows / fig.get_figheight())
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
+                   ncol=ncol, fontsize=8, title="policy (no point: out of memory there)",
+                   title_fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    _save(fig, path)
+
+
+def largest_batch(rows: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
+    """Per policy (series as in the plots), per capacity in bytes: the largest batch size among
+    the rows that fits there, 0 when none does. Rows of one model and hardware."""
+    caps = sorted({int(r["capacity_bytes"]) for r in rows})
+    table: dict[str, dict[int, int]] = {}
+    for name, rs in _series(rows).items():
+        best = dict.fromkeys(caps, 0)
+        for r in rs:
+            if r.get("fits") and r.get("trace.batch_size") is not None:
+                cap = int(r["capacity_bytes"])
+                best[cap] = max(best[cap], int(r["trace.batch_size"]))
+        table[name] = best
+    return table
+
+
+def plot_max_batch(rows: list[dict[str, Any]], path: str) -> None:
+    """The largest batch size (of those swept) that fits, against capacity, one line per
+    policy; 0 where none fits. Lines are nudged apart a little where policies agree."""
+    batches = sorted({int(r["trace.batch_size"]) for r in rows
+                      if r.get("trace.batch_size") is not None})
+    table = largest_batch(rows)
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    n = len(table)
+    for i, (name, best) in enumerate(table.items()):
+        caps = sorted(best)
+        x = [c / GIB for c in caps]
+        nudge = 1 + 0.012 * (i - (n - 1) / 2)  # on a log axis: the same gap at every batch
+        y = [best[c] * nudge if best[c] else np.nan for c in caps]
+        ax.step(x, y, where="post", marker=_MARKERS[i % len(_MARKERS)], markersize=3.5,
+                linestyle=_LINES[i % len(_LINES)], linewidth=1.4, label=name,
+                color=f"C{i % 10}")
+    ax.set_yscale("log", base=2)
+    ax.set_yticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_ylim(batches[0] / 1.4, batches[-1] * 1.4)
+    ax.set_xlabel("capacity (GiB)")
+    ax.set_ylabel("largest batch that fits")
+    sample = rows[0]
+    ax.set_title(f"{_model(sample)} on {sample.get('hardware')}: largest trainable batch of "
+                 f"{', '.join(map(str, batches))} (no line: none fits)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right", title="policy", title_fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def _save(fig: Any, path: str) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",

@@ -1,0 +1,272 @@
+import dataclasses
+import json
+import os
+import signal
+import threading
+
+import pytest
+from builders import chain
+
+from vsim.cli import main
+from vsim.errors import ConfigError
+from vsim.plots import largest_batch, plot_sweep
+from vsim.sweep import (
+    KEY_COLUMNS,
+    ResultWriter,
+    build_grid,
+    load_hw_spec,
+    parse_memory,
+    parse_range,
+    read_rows,
+    row_key,
+    run_sweep,
+)
+from vsim.trace import save_trace
+
+GIB = 2**30
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """One model at three batch sizes: a 4-layer chain whose activations are batch x 64 MiB.
+    Input + 4 activations live at the end of the forward pass: peak = 5 x batch x 64 MiB
+    (320 MiB at batch 1, 640 MiB at 2, 1280 MiB at 4) with the exact allocator and no policy."""
+    folder = tmp_path_factory.mktemp("traces")
+    paths = {}
+    for batch in (1, 2, 4):
+        t = chain(4, batch * 64 * MIB, 100.0 * batch, 200.0 * batch)
+        t = dataclasses.replace(t, meta={**t.meta, "model": "chain4", "batch_size": batch})
+        paths[batch] = str(folder / f"chain4-b{batch}.vsim.json.gz")
+        save_trace(t, paths[batch])
+    return paths
+
+
+def sweep_json(capsys, *args):
+    assert main(["sweep", *args, "--json"]) == 0
+    out = capsys.readouterr()
+    return json.loads(out.out), out.err
+
+
+# ------------------------------------------------------------------ grid parsing
+
+def test_range_includes_high_when_a_step_lands_on_it():
+    values = parse_range("4GiB..24GiB/0.5GiB", "--memory")
+    assert len(values) == 41 and values[0] == 4 * GIB and values[-1] == 24 * GIB
+    assert values[1] - values[0] == GIB // 2
+    # 1, 1.3, 1.6, 1.9 GiB: 2.2 would pass HIGH
+    assert len(parse_range("1GiB..2GiB/0.3GiB", "x")) == 4
+    assert parse_memory(["1GiB", "1GiB..2GiB/1GiB", "default"], "x") == [GIB, 2 * GIB, None]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("4GiB..2GiB/1GiB", "ends below its start"),
+    ("4GiB..8GiB", "LOW..HIGH/STEP"),
+    ("4GiB..8GiB/0GiB", "above zero"),
+    ("4..8GiB/1GiB", "without a unit"),
+    ("1B..1TiB/1B", "at most"),
+])
+def test_bad_ranges_name_the_place(text, fragment):
+    with pytest.raises(ConfigError, match=fragment) as err:
+        parse_memory([text], "sweep.yaml: memory")
+    assert str(err.value).startswith("sweep.yaml: memory: ")
+
+
+def test_grid_normalises_specs_and_dedupes(traces):
+    grid = build_grid([traces[1]], ["h100-sxm"], ["1GiB", "1GiB"],
+                      ["none", "none:algo=performance", "vdnn"], ["exact"])
+    assert grid.policies == ("none:algo=performance", "vdnn:mode=all,algo=performance")
+    assert len(grid) == len(grid.configs()) == 2
+
+
+def test_hypothetical_link(tmp_path):
+    base = load_hw_spec("h100-sxm")
+    slow = load_hw_spec("h100-sxm:link=16GB/s")
+    assert slow.name == "h100-sxm:link=16GB/s"
+    assert slow.h2d.pinned.bandwidth_bytes_per_us == pytest.approx(16e3)  # bytes per us
+    assert slow.d2h.pinned.bandwidth_bytes_per_us == pytest.approx(16e3)
+    # The pageable path and the duplex limit keep their ratio to the pinned bandwidth.
+    ratio = 16e3 / base.h2d.pinned.bandwidth_bytes_per_us
+    assert slow.h2d.pageable.bandwidth_bytes_per_us == pytest.approx(
+        base.h2d.pageable.bandwidth_bytes_per_us * ratio)
+    assert slow.copy_interference == base.copy_interference
+    assert load_hw_spec("h100-sxm:duplex=20GB/s").duplex_bytes_per_us == pytest.approx(20e3)
+    with pytest.raises(ConfigError, match="h2d, d2h, link, duplex"):
+        load_hw_spec("h100-sxm:pcie=3GB/s")
+
+
+# ------------------------------------------------------------------ command line, local
+
+def test_sweep_runs_the_grid_and_resumes(traces, tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    args = ["--trace", traces[1], traces[2], "--hw", "h100-sxm", "--memory",
+            "256MiB..1GiB/256MiB", "--policy", "none", "vdnn", "-o", str(out),
+            "-o", str(tmp_path / "r.jsonl")]
+    summary, err = sweep_json(capsys, *args)
+    assert summary["configs"] == summary["ran"] == 2 * 4 * 2
+    assert summary["skipped"] == 0 and summary["errors"] == 0 and summary["seconds"] > 0
+    assert "16/16 configurations" in err  # the progress bar
+    rows = read_rows(str(out))
+    assert len(rows) == 16 and list(rows[0])[:len(KEY_COLUMNS)] == list(KEY_COLUMNS)
+    assert {row_key(r) for r in rows} == {row_key(r) for r in read_rows(str(tmp_path /
+                                                                         "r.jsonl"))}
+    # batch 1 peaks at 320 MiB (fixture): no policy does not fit 256 MiB, fits 512 MiB
+    none_b1 = {r["capacity_bytes"]: r for r in rows
+               if r["trace.batch_size"] == 1 and r["policy"].startswith("none")}
+    assert none_b1[256 * MIB]["fits"] is False and none_b1[256 * MIB]["slowdown"] is None
+    assert none_b1[512 * MIB]["fits"] is True and none_b1[512 * MIB]["slowdown"] == 1.0
+    assert none_b1[512 * MIB]["peak_allocated_bytes"] == 320 * MIB
+    assert none_b1[256 * MIB]["oom.need_bytes"] == 64 * MIB
+    # Resume: the same grid spelled differently runs nothing.
+    again, _ = sweep_json(capsys, *[a if a != "vdnn" else "vdnn:mode=all" for a in args])
+    assert again["ran"] == 0 and again["skipped"] == 16
+    assert len(read_rows(str(out))) == 16
+
+
+def test_row_is_the_run_report(traces, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    sweep_json(capsys, "--trace", traces[2], "--hw", "h100-sxm", "--memory", "700MiB",
+               "--policy", "vdnn", "-o", str(out))
+    (row,) = read_rows(str(out))
+    assert main(["run", traces[2], "--hw", "h100-sxm", "--memory", "700MiB", "--policy",
+                 "vdnn", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("iteration_time_us", "stall_time_us", "peak_allocated_bytes", "d2h_bytes",
+                "fits", "policy"):
+        assert row[key] == report[key]
+    assert row["slowdown"] == pytest.approx(report["iteration_time_us"] /
+                                            row["baseline_iteration_time_us"])
+
+
+def test_interrupted_output_loses_nothing(traces, tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    args = ["--trace", traces[1], "--hw", "h100-sxm", "--memory", "256MiB..1GiB/256MiB",
+            "--policy", "none", "-o", str(out), "--workers", "1"]
+    sweep_json(capsys, *args)
+    full = out.read_text()
+    lines = full.splitlines(keepends=True)
+    # Killed while writing the fourth row: three complete rows and half a line.
+    out.write_text("".join(lines[:4]) + lines[4][:20])
+    summary, _ = sweep_json(capsys, *args)
+    assert summary["ran"] == 1 and summary["skipped"] == 3
+    assert sorted(out.read_text().splitlines()) == sorted(full.splitlines())
+
+
+def test_writer_dedupes_and_widens(tmp_path):
+    path = tmp_path / "w.csv"
+    w = ResultWriter(str(path))
+    base = dict(zip(KEY_COLUMNS, ("t", "h", "1", "p", "a"), strict=True))
+    assert w.write({**base, "fits": True, "oom": None}) is True
+    assert w.write({**base, "fits": True, "oom": None}) is False
+    assert w.write({**base, "memory": "2", "fits": False, "oom.op": 3}) is True
+    w.close()
+    rows = read_rows(str(path))
+    assert [r["fits"] for r in rows] == [True, False]
+    assert rows[0]["oom.op"] is None and rows[1]["oom.op"] == 3
+    with pytest.raises(ConfigError, match="must end in"):
+        ResultWriter(str(tmp_path / "w.txt"))
+
+
+def test_sweep_file_and_its_errors(traces, tmp_path, capsys):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"trace: [{traces[1]}]\nhw: h100-sxm\nmemory: [512MiB, 1GiB]\n"
+                     "policy: [none, vdnn]\noutput: out.jsonl\n")
+    summary, _ = sweep_json(capsys, str(sweep))
+    assert summary["configs"] == 4 and (tmp_path / "out.jsonl").exists()
+    head = f"trace: [{traces[1]}]\nhw: h100-sxm\n"
+    for text, where in [(head + "memroy: 1GiB\n", "memroy: unknown key 'memroy'"),
+                        (head + "memory: 2GiB..1GiB/1GiB\n", "memory: range"),
+                        (head + "policy: [vdnn:moed=all]\n", "policy: policy vdnn: unknown key"),
+                        (head + "hw: [h100-sxm:link=fast]\n", "hw: hardware h100-sxm: link"),
+                        ("hw: h100-sxm\n", "no trace: give it here or as --trace"),
+                        ("trace: [1, [2]]\n", "trace: expected a string"),
+                        ("- just a list\n", "a sweep file is a mapping"),
+                        ("trace: [\n", "invalid YAML")]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        assert main(["sweep", str(bad), "-o", str(tmp_path / "x.csv")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{bad}" in err and where in err, err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_bad_flags_exit_2_with_one_line(traces, tmp_path, capsys):
+    for args in (["--memory", "4GiB..2GiB/1GiB"], ["--policy", "nope"], ["--hw", "nope"],
+                 ["--allocator", "caching:x=1"], ["--workers", "0"]):
+        assert main(["sweep", "--trace", traces[1], "--hw", "h100-sxm", *args,
+                     "-o", str(tmp_path / "r.csv")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vsim: error: ") and err.count("\n") == 1
+    assert main(["sweep", "--trace", traces[1], "--hw", "h100-sxm"]) == 2
+    assert "-o" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ plots
+
+def test_largest_batch_and_plots(traces, tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    sweep_json(capsys, "--trace", *traces.values(), "--hw", "h100-sxm", "--memory",
+               "512MiB", "1GiB", "2GiB", "--policy", "none", "vdnn", "-o", str(out),
+               "--plot", str(tmp_path / "plots"))
+    rows = read_rows(str(out))
+    table = largest_batch(rows)
+    # Peaks with no policy: 320, 640, 1280 MiB at batches 1, 2, 4 (fixture).
+    assert table["none:algo=performance"] == {512 * MIB: 1, GIB: 2, 2 * GIB: 4}
+    assert all(table["vdnn:mode=all,algo=performance"][c] >= b
+               for c, b in table["none:algo=performance"].items())
+    (tmp_path / "again").mkdir()
+    written = plot_sweep(rows, str(tmp_path / "again"))
+    names = sorted(os.path.basename(p) for p in written)
+    assert names == ["max-batch-chain4-h100-sxm.png", "slowdown-chain4-h100-sxm.png"]
+    for p in written + [str(tmp_path / "plots" / n) for n in names]:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ Dask
+
+def test_dask_cluster_with_a_worker_killed_mid_sweep(traces, tmp_path):
+    """A LocalCluster of two worker processes on loopback; after the first result one worker
+    that is running a task is killed. Dask reruns its tasks on the other (and on the worker
+    its nanny restarts): every configuration is written once, with the same figures as a
+    local run."""
+    distributed = pytest.importorskip("distributed")
+    grid = build_grid([traces[1], traces[2]], ["h100-sxm", "h100-sxm:link=16GB/s"],
+                      ["256MiB..2GiB/256MiB"], ["none", "vdnn"], ["exact", "caching"])
+    local_out = str(tmp_path / "local.csv")
+    run_sweep(grid, [local_out], workers=1)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        killed: list[int] = []
+        lock = threading.Lock()
+
+        def kill_one(result):
+            with lock:
+                if killed:
+                    return
+                busy = {a: len(t) for a, t in client.processing().items()}
+                addr = max(busy, key=busy.__getitem__)
+                pid = client.run(os.getpid, workers=[addr])[addr]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(busy[addr])
+
+        out = str(tmp_path / "dask.csv")
+        summary = run_sweep(grid, [out], scheduler=cluster.scheduler_address,
+                            on_result=kill_one)
+    assert killed and killed[0] > 0  # the killed worker had work in flight
+    rows = read_rows(out)
+    keys = [row_key(r) for r in rows]
+    assert len(keys) == len(set(keys)) == len(grid) == summary.written
+    local = {row_key(r): r for r in read_rows(local_out)}
+    assert set(local) == set(keys)
+    for r in rows:
+        assert r == local[row_key(r)]  # determinism: same figures wherever it ran
+
+
+def test_unreachable_scheduler_is_a_config_error(traces, tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr("vsim.sweep.DASK_CONNECT_TIMEOUT_S", 1)
+    grid = build_grid([traces[1]], ["h100-sxm"], ["1GiB"], ["none"], ["exact"])
+    with pytest.raises(ConfigError, match="cannot reach the Dask scheduler"):
+        run_sweep(grid, [str(tmp_path / "r.csv")], scheduler="tcp://127.0.0.1:1")

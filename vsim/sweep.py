@@ -1,0 +1,604 @@
+"""Sweeps: simulate every configuration of a grid (traces x hardware x capacities x policies x
+allocators) on local processes or a Dask cluster, and keep one result row per configuration.
+
+A configuration is identified by its key: (trace path, hardware spec, capacity, policy spec,
+allocator spec), specs normalised so that `none` and `none:algo=performance` are the same
+configuration. Results are appended to the output one row at a time, each row one write and a
+flush, so an interrupted sweep loses nothing; a later sweep with the same output skips the
+configurations already in it (resume). Rows are deduplicated by key: a task that a Dask cluster
+runs twice (its worker died after the result was computed) is written once.
+
+Outputs: `.csv` (the report flattened, nested keys joined by "."; lists as JSON text) and
+`.jsonl` (one JSON object per line). Both keep the key columns first.
+
+Errors in the grid (bad range, unknown policy, unreadable trace) are ConfigError and friends,
+raised before anything runs. A configuration whose simulation raises (a bug in a policy) is not
+written; it is reported in the summary and retried by the next sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, VsimError
+from .hardware import CopyPath, Hardware, LinkDirection, load_hardware
+from .trace.schema import Trace
+from .units import parse_rate, parse_size
+
+# Capacity of the reference run for the slowdown column: no policy with room for anything.
+AMPLE_BYTES = 2**50
+KEY_COLUMNS = ("trace_path", "hw_spec", "memory", "policy_spec", "allocator_spec")
+SWEEP_FILE_KEYS = ("trace", "hw", "memory", "policy", "allocator", "output")
+MAX_CONFIGS = 1_000_000
+OUTPUT_SUFFIXES = (".csv", ".jsonl")
+DASK_CONNECT_TIMEOUT_S = 10
+
+
+# ---------------------------------------------------------------- the grid
+
+@dataclass(frozen=True)
+class Config:
+    """One simulation of a sweep. `memory_bytes` None: the profile's capacity."""
+
+    trace: str
+    hw: str
+    memory_bytes: int | None
+    policy: str
+    allocator: str
+
+    def key(self) -> tuple[str, str, str, str, str]:
+        memory = "default" if self.memory_bytes is None else str(self.memory_bytes)
+        return (self.trace, self.hw, memory, self.policy, self.allocator)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of a sweep, validated and normalised; `configs()` is their product in a fixed
+    order (trace, hardware, allocator, policy, capacity)."""
+
+    traces: tuple[str, ...]
+    hardware: tuple[str, ...]
+    memory: tuple[int | None, ...]
+    policies: tuple[str, ...]
+    allocators: tuple[str, ...]
+
+    def configs(self) -> list[Config]:
+        return [Config(t, h, m, p, a) for t in self.traces for h in self.hardware
+                for a in self.allocators for p in self.policies for m in self.memory]
+
+    def __len__(self) -> int:
+        return (len(self.traces) * len(self.hardware) * len(self.memory) * len(self.policies)
+                * len(self.allocators))
+
+
+def parse_memory(values: Iterable[Any], where: str) -> list[int | None]:
+    """Sizes and ranges `LOW..HIGH/STEP` (HIGH included when a step lands on it) to bytes, in
+    order, duplicates removed; `default` is the profile's capacity. ConfigError names `where`."""
+    out: list[int | None] = []
+    for value in values:
+        text = str(value).strip()
+        if text == "default":
+            out.append(None)
+        elif ".." in text:
+            out.extend(parse_range(text, where))
+        else:
+            out.append(_positive_size(text, where))
+    if not out:
+        raise ConfigError("no capacity given", where)
+    return list(dict.fromkeys(out))
+
+
+def parse_range(text: str, where: str) -> list[int]:
+    """'4GiB..24GiB/0.5GiB' -> [4 GiB, 4.5 GiB, ..., 24 GiB] in bytes."""
+    low_text, _, rest = text.partition("..")
+    high_text, slash, step_text = rest.partition("/")
+    if not slash or not low_text or not high_text or not step_text:
+        raise ConfigError(f"range {text!r} is not LOW..HIGH/STEP (e.g. 4GiB..24GiB/0.5GiB)",
+                          where)
+    low = _positive_size(low_text, where)
+    high = _positive_size(high_text, where)
+    step = _positive_size(step_text, where)
+    if high < low:
+        raise ConfigError(f"range {text!r} ends below its start", where)
+    count = (high - low) // step + 1
+    if count > MAX_CONFIGS:
+        raise ConfigError(f"range {text!r} has {count} values (at most {MAX_CONFIGS})", where)
+    return [low + i * step for i in range(count)]
+
+
+def _positive_size(text: str, where: str) -> int:
+    try:
+        size = parse_size(text.strip(), where)
+    except VsimError as exc:
+        raise ConfigError(exc.message, where) from None
+    if size <= 0:
+        raise ConfigError(f"size must be above zero, got {text.strip()!r}", where)
+    return size
+
+
+def build_grid(traces: Sequence[str], hardware: Sequence[str], memory: Sequence[Any],
+               policies: Sequence[str], allocators: Sequence[str],
+               where: Mapping[str, str] | None = None, load: bool = True) -> Grid:
+    """Validate every axis (each trace loads, each spec parses) and normalise the specs.
+    Errors name the place of the axis: `where[axis]` ("sweep.yaml: memory"), else "--axis"."""
+    from .allocator import make_allocator
+    from .engine import allocator_spec_string
+    from .policies import make_policy
+
+    def at(key: str) -> str:
+        return (where or {}).get(key, f"--{key}")
+
+    for name, values in (("trace", traces), ("hw", hardware), ("policy", policies),
+                         ("allocator", allocators)):
+        if not values:
+            raise ConfigError(f"no {name} given", at(name))
+    norm_traces = list(dict.fromkeys(os.path.normpath(t) for t in traces))
+    if load:
+        for t in norm_traces:
+            _trace(t)  # TraceError names the file and the JSON path; cached for the workers
+    for h in hardware:
+        try:
+            load_hw_spec(h)
+        except VsimError as exc:
+            raise ConfigError(str(exc), at("hw")) from None
+    norm_policies = [_respec(make_policy, p, at("policy")).spec() for p in policies]
+    norm_allocs = [allocator_spec_string(_respec(make_allocator, a, at("allocator")))
+                   for a in allocators]
+    grid = Grid(tuple(norm_traces), tuple(dict.fromkeys(hardware)),
+                tuple(parse_memory(memory, at("memory"))), tuple(dict.fromkeys(norm_policies)),
+                tuple(dict.fromkeys(norm_allocs)))
+    if len(grid) > MAX_CONFIGS:
+        raise ConfigError(f"the grid has {len(grid)} configurations (at most {MAX_CONFIGS})")
+    return grid
+
+
+def _respec(make: Callable[[str], Any], spec: str, where: str) -> Any:
+    if not isinstance(spec, str):
+        raise ConfigError(f"expected a spec string, got {spec!r}", where)
+    try:
+        return make(spec)
+    except VsimError as exc:
+        raise ConfigError(exc.message, where) from None
+
+
+def load_sweep_file(path: str) -> dict[str, list[Any]]:
+    """A YAML sweep file: a mapping with the axes `trace`, `hw`, `memory`, `policy`,
+    `allocator` (each one value or a list) and optionally `output`. Trace paths are relative to
+    the file's folder. ConfigError names the file and the key."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read sweep file: {exc.strerror or exc}", path) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"invalid YAML{at}", path) from None
+    if not isinstance(doc, dict):
+        raise ConfigError("a sweep file is a mapping of axes (trace, hw, memory, policy, "
+                          "allocator, output)", path)
+    axes: dict[str, list[Any]] = {}
+    for key, value in doc.items():
+        if key not in SWEEP_FILE_KEYS:
+            raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(SWEEP_FILE_KEYS)}",
+                              f"{path}: {key}")
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool) or v == "":
+                raise ConfigError(f"expected a string or a list of strings, got {v!r}",
+                                  f"{path}: {key}")
+        axes[key] = [str(v) for v in values]
+    base = Path(path).parent
+    if "trace" in axes:
+        axes["trace"] = [t if os.path.isabs(t) else os.path.normpath(base / t)
+                         for t in axes["trace"]]
+    if "output" in axes:
+        if len(axes["output"]) != 1:
+            raise ConfigError("one output file", f"{path}: output")
+        out = axes["output"][0]
+        axes["output"] = [out if os.path.isabs(out) else os.path.normpath(base / out)]
+    return axes
+
+
+# ---------------------------------------------------------------- hardware with overrides
+
+_HW_KEYS = ("h2d", "d2h", "link", "duplex")
+
+
+def load_hw_spec(spec: str) -> Hardware:
+    """'h100-sxm' or 'h100-sxm:link=16GB/s,duplex=24GB/s': a profile with hypothetical link
+    bandwidths. `h2d`/`d2h`/`link` (both) set the pinned bandwidth of a direction and scale its
+    pageable bandwidth in proportion; the duplex limit scales with the sum of the two directions
+    unless `duplex` is given. Latencies and size efficiencies are kept."""
+    name, _, rest = spec.partition(":")
+    hw = load_hardware(name.strip())
+    if not rest.strip():
+        return hw
+    changes: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq or key not in _HW_KEYS:
+            raise ConfigError(f"hardware {name}: expected key=rate with key one of "
+                              f"{', '.join(_HW_KEYS)}, got {part!r}")
+        try:
+            rate = parse_rate(raw.strip(), f"hardware {name}: {key}")
+        except VsimError as exc:
+            raise ConfigError(exc.message, f"hardware {name}: {key}") from None
+        if rate <= 0:
+            raise ConfigError(f"hardware {name}: {key} must be above zero")
+        if key == "link":
+            changes["h2d"] = changes["d2h"] = rate
+        else:
+            changes[key] = rate
+    old_sum = hw.h2d.pinned.bandwidth_bytes_per_us + hw.d2h.pinned.bandwidth_bytes_per_us
+    h2d = _scaled(hw.h2d, changes.get("h2d"))
+    d2h = _scaled(hw.d2h, changes.get("d2h"))
+    new_sum = h2d.pinned.bandwidth_bytes_per_us + d2h.pinned.bandwidth_bytes_per_us
+    duplex = changes.get("duplex", hw.duplex_bytes_per_us * new_sum / old_sum)
+    return hw.with_overrides(name=spec, h2d=h2d, d2h=d2h, duplex_bytes_per_us=duplex)
+
+
+def _scaled(direction: LinkDirection, pinned_rate: float | None) -> LinkDirection:
+    if pinned_rate is None:
+        return direction
+    ratio = pinned_rate / direction.pinned.bandwidth_bytes_per_us
+
+    def scale(p: CopyPath) -> CopyPath:
+        return dataclasses.replace(p, bandwidth_bytes_per_us=p.bandwidth_bytes_per_us * ratio)
+    return LinkDirection(pinned=scale(direction.pinned), pageable=scale(direction.pageable))
+
+
+# ---------------------------------------------------------------- running one configuration
+
+# Per-process caches: a worker loads each trace and profile once, however many configurations
+# it runs (a forked local worker inherits what the parent loaded while checking the grid).
+_TRACES: dict[str, Trace] = {}
+_HARDWARE: dict[str, Hardware] = {}
+_BASELINES: dict[tuple[str, str, str], float | None] = {}
+
+
+def _trace(path: str, file: str | None = None) -> Trace:
+    """The trace of key `path`, read from `file` (default: `path`) the first time."""
+    if path not in _TRACES:
+        from .trace import load_trace
+        _TRACES[path] = load_trace(file or path)
+    return _TRACES[path]
+
+
+def _hardware(spec: str) -> Hardware:
+    if spec not in _HARDWARE:
+        _HARDWARE[spec] = load_hw_spec(spec)
+    return _HARDWARE[spec]
+
+
+def _baseline_us(cfg: Config) -> float | None:
+    """Iteration time with no policy and ample capacity (None: it does not run even then)."""
+    key = (cfg.trace, cfg.hw, cfg.allocator)
+    if key not in _BASELINES:
+        from .allocator import make_allocator
+        from .engine import simulate
+        from .policies import make_policy
+        report = simulate(_trace(cfg.trace), _hardware(cfg.hw), make_policy("none"),
+                          make_allocator(cfg.allocator), AMPLE_BYTES).report
+        _BASELINES[key] = report["iteration_time_us"] if report["fits"] else None
+    return _BASELINES[key]
+
+
+def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
+    """Simulate one configuration, its trace read from `trace_file` (default: its path).
+    Returns {"key": [...], "report": {...}, "baseline_iteration_time_us", "slowdown"}
+    (slowdown: iteration time over the no-policy time at ample capacity; None when the run does
+    not fit), or {"key", "error"} when the simulation raised."""
+    from .allocator import make_allocator
+    from .engine import simulate
+    from .policies import make_policy
+
+    try:
+        result = simulate(_trace(cfg.trace, trace_file), _hardware(cfg.hw), make_policy(cfg.policy),
+                          make_allocator(cfg.allocator), cfg.memory_bytes)
+        base = _baseline_us(cfg)
+    except Exception as exc:  # a bug in a policy must not end a thousand-run sweep
+        return {"key": list(cfg.key()), "error": f"{type(exc).__name__}: {exc}"}
+    report = result.report
+    slowdown = (report["iteration_time_us"] / base
+                if report["fits"] and base and base > 0 else None)
+    return {"key": list(cfg.key()), "report": report, "baseline_iteration_time_us": base,
+            "slowdown": slowdown}
+
+
+def _run_chunk(cfgs: list[Config], files: list[str] | None = None) -> list[dict[str, Any]]:
+    return [run_config(c, None if files is None else f)
+            for c, f in zip(cfgs, files or [None] * len(cfgs), strict=True)]
+
+
+# ---------------------------------------------------------------- rows and output files
+
+def to_row(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as one flat row: key columns, then the report with nested keys joined by '.',
+    then the baseline and the slowdown."""
+    row: dict[str, Any] = dict(zip(KEY_COLUMNS, result["key"], strict=True))
+    _flatten(result["report"], "", row)
+    row["baseline_iteration_time_us"] = result["baseline_iteration_time_us"]
+    row["slowdown"] = result["slowdown"]
+    return row
+
+
+def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            _flatten(v, f"{prefix}{k}.", out)
+        else:
+            out[f"{prefix}{k}"] = v
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(row.get(c, "")) for c in KEY_COLUMNS)
+
+
+def _csv_cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)):
+        return json.dumps(list(v))
+    if isinstance(v, float):
+        return repr(v)
+    return str(v).replace("\n", " ")  # one line per row: the resume reader relies on it
+
+
+def _parse_cell(text: str) -> Any:
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if text[0] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+class ResultWriter:
+    """Appends rows to a .csv or .jsonl file, one write and one flush per row, skipping keys
+    already there. Opening an existing file reads its keys (resume) and cuts a last line that an
+    interrupted write left incomplete. A CSV row with columns the header lacks rewrites the file
+    with the wider header (atomically) before appending."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        if self.path.suffix not in OUTPUT_SUFFIXES:
+            raise ConfigError(f"output must end in {' or '.join(OUTPUT_SUFFIXES)}", str(path))
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.is_dir():
+            raise ConfigError(f"folder {str(parent)!r} does not exist", str(path))
+        self.csv = self.path.suffix == ".csv"
+        self.header: list[str] = []
+        self.keys: set[tuple[str, ...]] = set()
+        if self.path.exists():
+            self._cut_incomplete_line()
+            rows = read_rows(str(self.path))
+            self.keys = {row_key(r) for r in rows}
+            if self.csv:
+                with self.path.open(newline="") as f:
+                    self.header = next(csv.reader(f), [])
+                if self.header and list(self.header[:len(KEY_COLUMNS)]) != list(KEY_COLUMNS):
+                    raise ConfigError("not a vsim sweep CSV (its first columns are not "
+                                      f"{', '.join(KEY_COLUMNS)})", str(path))
+        self.handle = self.path.open("a", newline="")
+
+    def _cut_incomplete_line(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with self.path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def write(self, row: dict[str, Any]) -> bool:
+        """Append the row unless its key is already there; True when written."""
+        key = row_key(row)
+        if key in self.keys:
+            return False
+        if self.csv:
+            missing = [c for c in row if c not in self.header]
+            if missing:
+                self._widen(self.header + missing)
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerow([_csv_cell(row.get(c)) for c in self.header])
+            text = buf.getvalue()
+        else:
+            text = json.dumps(row, allow_nan=False, default=str) + "\n"
+        self.handle.write(text)
+        self.handle.flush()
+        self.keys.add(key)
+        return True
+
+    def _widen(self, header: list[str]) -> None:
+        self.handle.close()
+        rows = read_rows(str(self.path)) if self.header else []
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(header)
+        for r in rows:
+            writer.writerow([_csv_cell(r.get(c)) for c in header])
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(buf.getvalue())
+        os.replace(tmp, self.path)
+        self.header = header
+        self.handle = self.path.open("a", newline="")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a sweep output (.csv or .jsonl) with values typed back (numbers, booleans,
+    None, lists). An incomplete last line (an interrupted write) is ignored."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read results: {exc.strerror or exc}", path) from None
+    if text and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
+    if p.suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        return [{k: _parse_cell(v or "") for k, v in r.items()} for r in reader]
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ConfigError(f"line {n} is not JSON", path) from None
+    return rows
+
+
+# ---------------------------------------------------------------- running a sweep
+
+@dataclass
+class SweepSummary:
+    configs: int       # in the grid
+    ran: int           # simulated now
+    skipped: int       # already in the output
+    written: int       # rows appended now
+    errors: list[dict[str, Any]]
+    seconds: float
+    workers: int
+    scheduler: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"configs": self.configs, "seconds": round(self.seconds, 3), "ran": self.ran,
+                "skipped": self.skipped, "written": self.written,
+                "configs_per_s": round(self.ran / self.seconds, 1) if self.seconds else None,
+                "errors": len(self.errors), "error_examples": self.errors[:5],
+                "workers": self.workers, "scheduler": self.scheduler}
+
+
+def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
+              scheduler: str | None = None,
+              progress: Callable[[int, int], None] | None = None,
+              on_result: Callable[[dict[str, Any]], None] | None = None) -> SweepSummary:
+    """Run the configurations not yet in every output; append each result as it arrives.
+    `progress(done, total)` after each; `on_result(result)` too (tests use it to kill a
+    worker mid-sweep). Local processes by default (`workers`, default the CPU count; 1 runs in
+    this process), a Dask cluster when `scheduler` is an address."""
+    start = time.perf_counter()
+    writers = [ResultWriter(p) for p in outputs]
+    try:
+        configs = grid.configs()
+        todo = [c for c in configs if any(c.key() not in w.keys for w in writers)]
+        errors: list[dict[str, Any]] = []
+        counts = {"ran": 0, "written": 0}
+
+        def accept(result: dict[str, Any]) -> None:
+            counts["ran"] += 1
+            if "error" in result:
+                errors.append(result)
+            else:
+                row = to_row(result)
+                counts["written"] += sum(w.write(row) for w in writers)
+            if on_result is not None:
+                on_result(result)
+            if progress is not None:
+                progress(counts["ran"], len(todo))
+
+        if progress is not None:
+            progress(0, len(todo))
+        if scheduler:
+            n = _run_dask(todo, scheduler, accept)
+        else:
+            n = _run_local(todo, workers, accept)
+    finally:
+        for w in writers:
+            w.close()
+    return SweepSummary(configs=len(configs), ran=counts["ran"], skipped=len(configs) - len(todo),
+                        written=counts["written"], errors=errors,
+                        seconds=time.perf_counter() - start, workers=n, scheduler=scheduler)
+
+
+def _chunks(items: list[Config], workers: int) -> list[list[Config]]:
+    """Small chunks amortise the cost of each task (pickling, scheduling) while keeping the
+    progress bar moving and the workers' shares even: about 8 per worker, at most 8 configs."""
+    size = max(1, min(8, math.ceil(len(items) / (max(1, workers) * 8))))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _run_local(todo: list[Config], workers: int | None,
+               accept: Callable[[dict[str, Any]], None]) -> int:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    n = workers or os.cpu_count() or 1
+    if n == 1 or len(todo) <= 1:
+        for cfg in todo:
+            accept(run_config(cfg))
+        return 1
+    methods = multiprocessing.get_all_start_methods()
+    # fork: the workers inherit the traces the parent loaded while checking the grid.
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = [pool.submit(_run_chunk, chunk) for chunk in _chunks(todo, n)]
+        try:
+            for fut in as_completed(futures):
+                for result in fut.result():
+                    accept(result)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return n
+
+
+def _run_dask(todo: list[Config], address: str,
+              accept: Callable[[dict[str, Any]], None]) -> int:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError("--scheduler needs Dask: pip install 'vsim[sweep]'") from None
+    try:
+        client = Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(f"cannot reach the Dask scheduler: {exc}", address) from None
+    try:
+        n = len(client.scheduler_info().get("workers", {}))
+        # Keys from the configurations: a chunk resubmitted under the same key is one task;
+        # the writer's dedupe covers a result that arrives twice anyway. Absolute trace paths:
+        # a worker's folder need not be ours (the files must be there).
+        futures = [client.submit(_run_chunk, chunk, [os.path.abspath(c.trace) for c in chunk],
+                                 key=f"vsim-sweep-{_digest(chunk)}", pure=False)
+                   for chunk in _chunks(todo, max(n, 1))]
+        # with_results: the results are gathered on the client's event loop, where a result
+        # lost with its worker is rescheduled and awaited again.
+        for fut, results in as_completed(futures, with_results=True):
+            for result in results:
+                accept(result)
+            fut.release()
+    finally:
+        client.close()
+    return n
+
+
+def _digest(chunk: list[Config]) -> str:
+    import hashlib
+    text = "\n".join("\0".join(c.key()) for c in chunk)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
