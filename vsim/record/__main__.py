@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--iters", type=int, default=10)
     rec.add_argument("--timing-iters", type=int, default=3)
     rec.add_argument("--no-gap-fit", action="store_true",
-                     help="keep the profiled idle gaps instead of fitting them to the measured time")
+                     help="keep the profiled idle gaps instead of fitting them to the "
+                     "measured time")
     rec.add_argument("-o", "--output", required=True)
     cal = sub.add_parser("calibrate", help="measure this GPU into a hardware profile")
     cal.add_argument("-o", "--output", required=True)

@@ -19,14 +19,28 @@ from __future__ import annotations
 
 import bisect
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import TraceError
 from ..trace.importers import (
-    BWD_PREFIX, AllocDraft, AllocTracker, Annotation, Capture, CpuOp, MemRec, OpDraft,
-    _phases, backward_layers, build_trace, clip_overlaps, innermost, op_layer_type,
-    short_op_name, stream_map,
+    BWD_PREFIX,
+    AllocDraft,
+    AllocTracker,
+    Annotation,
+    Capture,
+    CpuOp,
+    MemRec,
+    OpDraft,
+    _phases,
+    backward_layers,
+    build_trace,
+    clip_overlaps,
+    innermost,
+    op_layer_type,
+    short_op_name,
+    stream_map,
 )
 from ..trace.schema import Kernel, Measured, MemEvent, Trace
 
@@ -54,7 +68,8 @@ class StructureLog:
     """What the hooks of the structure pass saw, indexed by the number in each marker."""
 
     device_type: int                      # profiler code: 0 CPU, 1 CUDA
-    dispatch: list[tuple[list[int], float, float]] = field(default_factory=list)  # reads, flops, bytes
+    # per aten call: storages read, flops, bytes of tensor arguments and results
+    dispatch: list[tuple[list[int], float, float]] = field(default_factory=list)
     saved: list[int] = field(default_factory=list)          # storage address saved for backward
     grads: list[tuple[str, str, int]] = field(default_factory=list)  # param, module, grad address
     modules: dict[str, tuple[str, bool]] = field(default_factory=dict)  # qualname -> (type, leaf)
@@ -127,7 +142,7 @@ def fit_idle(intervals: list[tuple[float, float]], target_us: float | None,
     info["idle_fitted_us"] = round(sum(new), 3)
     old_pts, new_pts = [0.0], [0.0]
     clock = 0.0
-    for (s, e), g_new in zip(merged, new):
+    for (s, e), g_new in zip(merged, new, strict=False):
         clock += g_new
         old_pts.append(s)
         new_pts.append(clock)
@@ -195,7 +210,7 @@ def timing_ops(capture: Capture, gpu: bool, target_us: float | None,
                                     sorted(candidates, key=lambda c: c[1].start_ns)]
     smap = stream_map(k.stream for op in ops for k in op.kernels)
     out = []
-    for op, phase in zip(ops, phases):
+    for op, phase in zip(ops, phases, strict=False):
         if gpu:
             kernels = [Kernel(k.name, k.stream, round(warp((k.start_ns - origin) / 1e3), 3),
                               round((k.end_ns - k.start_ns) / 1e3, 3)) for k in op.kernels]
@@ -257,7 +272,7 @@ def structure_ops(capture: Capture, log: StructureLog,
     for tid, anns in by_tid.items():
         idx = [i for i, op in enumerate(ops) if op.tid == tid]
         found = innermost(anns, [ops[i].start_ns for i in idx])
-        for i, ann in zip(idx, found):
+        for i, ann in zip(idx, found, strict=False):
             if ann is None or phases[i] != "fwd":
                 continue
             qual = ann.name[len(MODULE):]
@@ -286,7 +301,8 @@ def structure_ops(capture: Capture, log: StructureLog,
     allocs = tracker.allocs
     saved_alloc: dict[int, int] = {}
     result: list[_StructOp] = []
-    diag: dict[str, Any] = {"unknown_frees": 0, "unresolved_reads": 0, "total_allocated_mismatch": 0}
+    diag: dict[str, Any] = {"unknown_frees": 0, "unresolved_reads": 0,
+                            "total_allocated_mismatch": 0}
     live_bytes = sum(a.size for a in allocs.values())
     if log.allocated_at_start is not None:
         diag["resident_bytes"] = live_bytes
@@ -324,7 +340,7 @@ def structure_ops(capture: Capture, log: StructureLog,
                     diag["total_allocated_mismatch"] += 1
                 continue
             name = item
-            kind, _, num = name[len("vsim::"):].partition("#")
+            num = name.rpartition("#")[2]
             try:
                 k = int(num)
             except ValueError:
@@ -334,26 +350,26 @@ def structure_ops(capture: Capture, log: StructureLog,
                 d.flops += flops
                 d.dram_bytes += nbytes
                 for addr in reads:
-                    aid = tracker.lookup(addr)
-                    if aid is None:
+                    hit = tracker.lookup(addr)
+                    if hit is None:
                         diag["unresolved_reads"] += 1
                     else:
-                        d.reads.add(aid)
+                        d.reads.add(hit)
             elif name.startswith(SAVE) and k < len(log.saved):
-                aid = tracker.lookup(log.saved[k])
-                if aid is not None:
-                    allocs[aid].saved = True
-                    saved_alloc[k] = aid
+                hit = tracker.lookup(log.saved[k])
+                if hit is not None:
+                    allocs[hit].saved = True
+                    saved_alloc[k] = hit
             elif name.startswith(UNPACK):
-                aid = saved_alloc.get(k)
-                if aid is not None:
-                    d.reads.add(aid)
+                hit = saved_alloc.get(k)
+                if hit is not None:
+                    d.reads.add(hit)
             elif name.startswith(GRAD) and k < len(log.grads):
                 param, module, addr = log.grads[k]
-                aid = tracker.lookup(addr)
-                if aid is not None and not allocs[aid].resident:
-                    allocs[aid].kind = "gradient"
-                    allocs[aid].name = f"grad {param}"
+                hit = tracker.lookup(addr)
+                if hit is not None and not allocs[hit].resident:
+                    allocs[hit].kind = "gradient"
+                    allocs[hit].name = f"grad {param}"
                 if short_op_name(op.name).endswith("AccumulateGrad"):
                     d.layer = module
                     mtype, _ = log.modules.get(module, ("other", False))
@@ -361,10 +377,10 @@ def structure_ops(capture: Capture, log: StructureLog,
                     d.attrs["param"] = param
         result.append(_StructOp(op, d, mem_pairs))
     for s in log.known_end:
-        aid = tracker.live.get(s.addr)
-        if aid is not None and not allocs[aid].resident:
-            allocs[aid].kind = s.kind
-            allocs[aid].name = s.name
+        end_hit = tracker.live.get(s.addr)
+        if end_hit is not None and not allocs[end_hit].resident:
+            allocs[end_hit].kind = s.kind
+            allocs[end_hit].name = s.name
     # peak of the events with every resident block (also those found by their free) from the start
     running = sum(a.size for a in allocs.values() if a.resident)
     peak = running
@@ -384,7 +400,7 @@ def align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
-            pairs.extend(zip(range(i1, i2), range(j1, j2)))
+            pairs.extend(zip(range(i1, i2), range(j1, j2), strict=False))
         else:
             pairs.extend((i, None) for i in range(i1, i2))
             pairs.extend((None, j) for j in range(j1, j2))

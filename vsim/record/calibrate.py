@@ -18,8 +18,10 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -155,7 +157,7 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
     sizes_gib = [s / GiB for s in pinned_alloc]
     times = list(pinned_alloc.values())
     mean_s, mean_t = statistics.mean(sizes_gib), statistics.mean(times)
-    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes_gib, times)) / \
+    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes_gib, times, strict=False)) / \
         sum((s - mean_s) ** 2 for s in sizes_gib)
     pinned_per_gib = slope if slope > 0 else times[-1] / sizes_gib[-1]
     say("pinned host allocation: " + ", ".join(f"{_size(s)} {_us(t)}"
@@ -182,12 +184,12 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
             measure = timer.gpu if kind == "pinned" else timer.wall
             for _ in range(3):
                 copy(MiB)  # warm the path
-            lat = statistics.median(measure(lambda: copy(64), 20 if quick else 50))
+            lat = statistics.median(measure(partial(copy, 64), 20 if quick else 50))
             points = []
             rows = []
             for n in sizes:
                 reps = max(3, min(20 if quick else 40, int(2 * GiB // n)))
-                t = statistics.median(measure(lambda n=n: copy(n), reps))
+                t = statistics.median(measure(partial(copy, n), reps))
                 points.append((n, t))
                 rows.append({"size": _size(n), "time": _us(t), "bandwidth": _gbps(n / t)})
             paths[f"{direction}.{kind}"] = _fit_path(points, lat)
@@ -236,7 +238,7 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
     interference = max(0.0, statistics.median(busy) / alone - 1)
     say(f"DRAM copy {_gbps(dram_bw)} (read+write); slower by {interference * 100:.1f}% while "
         "the link copies both ways")
-    del src, dst, dbuf, pinned, pageable
+
 
     # achieved GEMM rates (reference only)
     gemm: dict[str, float] = {}
@@ -249,7 +251,7 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
         y = torch.randn(n, n, device=dev, dtype=dtype)
         for _ in range(2):
             x @ y
-        t = statistics.median(timer.gpu(lambda x=x, y=y: x @ y, 5))
+        t = statistics.median(timer.gpu(partial(torch.matmul, x, y), 5))
         gemm[label] = 2 * n**3 / t  # flops per us
         torch.backends.cuda.matmul.allow_tf32 = old
         del x, y

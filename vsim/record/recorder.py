@@ -29,8 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,7 +43,16 @@ from ..trace.importers import parse_chrome
 from ..trace.schema import Measured, Trace
 from . import RECORDER_VERSION, selfcheck
 from .assemble import (
-    BACKWARD, DISPATCH, GRAD, ITERATION, MODULE, SAVE, UNPACK, Storage, StructureLog, assemble,
+    BACKWARD,
+    DISPATCH,
+    GRAD,
+    ITERATION,
+    MODULE,
+    SAVE,
+    UNPACK,
+    Storage,
+    StructureLog,
+    assemble,
 )
 from .zoo import build_model
 
@@ -261,13 +271,12 @@ class Recorder:
         else:
             self._finish()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.done:
             self._cleanup()
             if exc_type is None:
                 raise ConfigError(f"the recorder block ended {self.remaining} step() calls "
                                   "early: loop `while not rec.done`")
-        return False
 
     # -- phases
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,8 @@ IMAGENET_CLASSES = 1000
 _DESCRIPTIONS: dict[str, str] = {
     "alexnet": "AlexNet, two towers as in convnet-benchmarks (vDNN's config), 224x224, no dropout",
     "overfeat": "OverFeat fast as in convnet-benchmarks (vDNN's config), 231x231, no dropout",
-    "googlenet": "GoogLeNet / Inception v1 as in convnet-benchmarks (no LRN, no aux heads), 224x224",
+    "googlenet": "GoogLeNet / Inception v1 as in convnet-benchmarks (no LRN, no aux heads), "
+                 "224x224",
     "vgg11": "VGG-11 (model A), 224x224, no dropout",
     "vgg13": "VGG-13 (model B), 224x224, no dropout",
     "vgg16": "VGG-16 (model D) as in the vDNN paper, 224x224, no dropout",
@@ -116,6 +118,7 @@ _VGG_GROUPS = {  # convs per group for the 5 groups (64, 128, 256, 512, 512 chan
 
 def vgg(depth: int) -> nn.Module:
     """VGG-11/13/16/19, or VGG-(16+100j): VGG-16 with 20j extra 3x3 convs in each group."""
+    groups: tuple[int, ...]
     if depth in _VGG_GROUPS:
         groups = _VGG_GROUPS[depth]
     elif depth > 16 and (depth - 16) % 100 == 0:
@@ -125,7 +128,7 @@ def vgg(depth: int) -> nn.Module:
         raise ConfigError(f"no VGG-{depth}: use 11, 13, 16, 19 or 16+100j (116, 216, ...)")
     layers: list[nn.Module] = []
     cin = 3
-    for cout, n in zip((64, 128, 256, 512, 512), groups):
+    for cout, n in zip((64, 128, 256, 512, 512), groups, strict=False):
         for _ in range(n):
             layers += [nn.Conv2d(cin, cout, 3, 1, 1), nn.ReLU(inplace=True)]
             cin = cout
@@ -232,12 +235,14 @@ class ResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         cin = 64
-        for i, (blocks, width) in enumerate(zip(stages, (64, 128, 256, 512))):
+        built = []
+        for i, (blocks, width) in enumerate(zip(stages, (64, 128, 256, 512), strict=True)):
             layers = []
             for b in range(blocks):
                 layers.append(Bottleneck(cin, width, 2 if (b == 0 and i > 0) else 1))
                 cin = width * Bottleneck.expansion
-            setattr(self, f"layer{i + 1}", nn.Sequential(*layers))
+            built.append(nn.Sequential(*layers))
+        self.layer1, self.layer2, self.layer3, self.layer4 = built
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(cin, IMAGENET_CLASSES)
 
@@ -311,6 +316,7 @@ class Encoder(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        self.pos: torch.Tensor
         self.register_buffer("pos", torch.arange(seq), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
