@@ -5,7 +5,9 @@ Performance model, on the trace's own timeline: a saved feature map t swapped ou
 forward reader and back before its first backward reader has a free time
     FT(t) = start(first backward reader) - end(last forward reader) - d2h(t) - h2d(t)
 (copy times from the hardware profile's pinned link). FT >= 0: the round trip can hide entirely
-under the compute in between; FT < 0: about -FT would be exposed.
+under the compute in between; FT < 0: about -FT would be exposed. Where the memory is needed
+before the copy out can end (the D2H engine works through earlier swaps first), the op that needs
+it waits (Plan.wait_for_memory), and that wait counts as exposed too.
 
 Selection, against the static profile (planning.py): while some slot exceeds the capacity, among
 the feature maps whose time off the device would cover that slot, swap one whose transfers hide
@@ -49,10 +51,10 @@ class AccUDNN(Policy):
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
         view = TraceView(trace)
-        ev = Evictions(view, hw, Usage(view), budget)
+        ev = Evictions(view, hw, Usage(view), budget, blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         ft = {t: free_time_us(ev, t) for t in candidates}
-        exposed = 0.0
+        exposed = best_cost = 0.0
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[bool, float, int] | None = None
             for t in candidates:
@@ -61,14 +63,16 @@ class AccUDNN(Policy):
                 lo, hi = ev.swap_window(t)
                 if not lo <= x < hi:
                     continue
-                hides = ft[t] >= 0
-                key = (hides, view.tensor[t].size_bytes if hides else ft[t], -t)
+                cost = max(0.0, -ft[t]) + ev.blocking_us(t, x)
+                hides = cost == 0
+                key = (hides, view.tensor[t].size_bytes if hides else -cost, -t)
                 if best is None or key > best:
                     best = key
+                    best_cost = cost
             if best is None:
                 break
             ev.add_swap(-best[2])
-            exposed += max(0.0, -ft[-best[2]])
+            exposed += best_cost
         jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])
         notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped; the model expects "

@@ -4,7 +4,8 @@ Capuchin measures tensor accesses in a first iteration and then, for the tensors
 weighs the two ways back. Here the trace is that measured iteration. For each saved feature map t:
 - swap: out after its last forward reader, back before its first backward reader. Its free time
   FT = start(back-access) - end(last forward access) - d2h(t) - h2d(t); the overhead is
-  max(0, -FT): what the transfers cannot hide.
+  max(0, -FT): what the transfers cannot hide, plus what the op that needs the memory would wait
+  for the copy out to end (Plan.wait_for_memory) when the D2H engine is still busy.
 - recompute: re-run the op that produced t (and any op that modified it in place) right before the
   back-access; the overhead is those ops' recorded time. Possible only if everything they read is
   still on the device then (by the trace), and those inputs are then kept from eviction.
@@ -50,7 +51,7 @@ class Hybrid(Policy):
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
         view = TraceView(trace)
-        ev = Evictions(view, hw, Usage(view), budget)
+        ev = Evictions(view, hw, Usage(view), budget, blocking=True)
         cands = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         tl = ev.timeline
         swap_cost: dict[int, float] = {}
@@ -71,7 +72,7 @@ class Hybrid(Policy):
                 options = []
                 lo, hi = ev.swap_window(t)
                 if lo <= x < hi:
-                    options.append((swap_cost[t], "swap"))
+                    options.append((swap_cost[t] + ev.blocking_us(t, x), "swap"))
                 lo, hi = ev.drop_window(t)
                 if lo <= x < hi and self._recomputable(view, ev, chains[t], t, hi):
                     options.append((sum(view.op[o].dur_us for o in chains[t]), "recompute"))

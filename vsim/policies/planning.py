@@ -72,6 +72,7 @@ class Swap:
     release_slot: int        # estimated slot from which the device copy is gone
     need_op: int             # first op (or recomputation) that reads it again
     prefetch_op: int | None = None
+    copy_done_us: float = 0.0  # estimated end of the D2H copy, on the trace's clock
 
     def actions(self) -> list[Action]:
         acts: list[Action] = [Offload(self.tensor, self.offload_op, self.after,
@@ -110,6 +111,7 @@ class Timeline:
             issue = view.end_time(s.offload_op) if s.after else view.time_at(s.offload_op)
             start = max(issue, free_at)
             free_at = start + self.d2h_us(view.tensor[s.tensor].size_bytes)
+            s.copy_done_us = free_at
             done_pos = self.op_at(free_at)
             s.release_slot = max(view.end(s.release_after), 2 * done_pos + 1)
 
@@ -253,8 +255,10 @@ class Evictions:
     reader (`need`) takes it back; prefetches are then placed as early as the policy wants and
     the budget allows."""
 
-    def __init__(self, view: TraceView, hw: Hardware, base: Usage, budget: int) -> None:
+    def __init__(self, view: TraceView, hw: Hardware, base: Usage, budget: int,
+                 blocking: bool = False) -> None:
         self.view = view
+        self.blocking = blocking
         self.timeline = Timeline(view, hw)
         self.base = base
         self.budget = budget
@@ -285,12 +289,29 @@ class Evictions:
         last = self.last_fwd_use(t)
         return Swap(t, last, True, last, self.view.end(last), self.need(t))
 
-    def swap_window(self, t: int) -> tuple[int, int]:
-        """Slots in which the tensor is off the device if swapped now."""
+    def trial_swap(self, t: int) -> Swap:
+        """The swap of `t` as it would be, behind the swaps already chosen on the D2H engine."""
         trial = {k: replace(v) for k, v in self.swaps.items()}
         trial[t] = self.swap(t)
         self.timeline.release_slots(list(trial.values()))
-        return trial[t].release_slot, self.view.start(trial[t].need_op)
+        return trial[t]
+
+    def gone_from(self, s: Swap) -> int:
+        """First slot without the device copy. Blocking (Plan.wait_for_memory): an op that
+        needs the memory waits for the copy, so the memory counts as free right after the last
+        forward reader; otherwise from when the copy is estimated done."""
+        return self.view.end(s.release_after) if self.blocking else s.release_slot
+
+    def swap_window(self, t: int) -> tuple[int, int]:
+        """Slots in which the tensor is off the device if swapped now."""
+        s = self.trial_swap(t)
+        return self.gone_from(s), self.view.start(s.need_op)
+
+    def blocking_us(self, t: int, slot: int) -> float:
+        """How long an op at `slot` would wait for the swap of `t` to leave (0 if it is gone
+        by then, by the trace's clock)."""
+        s = self.trial_swap(t)
+        return max(0.0, s.copy_done_us - self.view.time_at(self.view.ops[slot // 2].id))
 
     def drop_window(self, t: int) -> tuple[int, int]:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
@@ -311,7 +332,7 @@ class Evictions:
         self.timeline.release_slots(list(self.swaps.values()))
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
-            u.remove(size, s.release_slot, self.view.start(s.need_op))
+            u.remove(size, self.gone_from(s), self.view.start(s.need_op))
             if s.prefetch_op is not None:
                 u.add(size, self.view.start(s.prefetch_op), self.view.start(s.need_op))
         for t, (after, _chain) in self.drops.items():

@@ -13,13 +13,14 @@ Strategies:
 - every-k: a checkpoint every k layers (the `k` field).
 - sqrt: k = round(sqrt(n)) for n layers, the paper's O(sqrt(n)) memory schedule.
 - optimal: the segmentation with the least recomputation time whose memory fits the capacity, by
-  dynamic programming over cut points. Its memory model: while segment s's feature maps live,
-  the device holds the trace's profile without feature maps (weights, gradients, workspaces),
-  s's own maps as the plan would hold them (dropped ones away between their drop and the
-  recomputation) and the checkpoints of the segments before s. The DP keeps, for each cut, the
-  Pareto set of (checkpoint bytes so far, recomputation time). The result is checked against the
-  static profile and one simulated iteration, and planned again with a tighter budget when either
-  exceeds the capacity. With no segmentation that fits, it falls back to sqrt and says so.
+  dynamic programming over cut points. Its memory model: during the forward and backward ops of
+  segment s's layers, the device holds the trace's profile without feature maps (weights,
+  gradients, workspaces), s's own maps as the plan would hold them (dropped ones away between
+  their drop and the recomputation) and the checkpoints of the segments before s. The DP keeps,
+  for each cut, the Pareto set of (checkpoint bytes so far, recomputation time). The result is
+  checked against the static profile and one simulated iteration, and planned again with a
+  tighter budget when either exceeds the capacity. With no segmentation that fits, it falls back
+  to sqrt and says so.
 
 A segment is only cut where its recomputation can read what it needs: every tensor it reads from
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
@@ -59,10 +60,23 @@ class Segmenter:
 
     def __init__(self, view: TraceView) -> None:
         self.view = view
-        self.saved = set(t for t in view.saved if view.tensor[t].kind == "activation")
+        # Maps the trace never frees (the loss value) would live on once recomputed: not worth
+        # dropping, and they would stretch a segment's span to the iteration's end.
+        self.saved = {t for t in view.saved if view.tensor[t].kind == "activation"
+                      and view.free_slot(t) < view.n_slots}
         self.cands = [i for i, lay in enumerate(view.fwd)
                       if any(t in self.saved for t in view.outputs(lay))]
         self._cache: dict[tuple[int, int], SegmentCost] = {}
+        # Forward layer each op belongs to (backward ops: their module's forward layer; -1 for
+        # the optimizer and ops of no forward layer), repeated per slot.
+        bwd_index = {id(lay): j for j, lay in enumerate(view.bwd)}
+        owner = []
+        for o in view.ops:
+            lay = view.layer_of[o.id]
+            fl = view.fwd_index.get(id(lay)) if lay.phase == "fwd" else \
+                view.bwd_to_fwd.get(bwd_index.get(id(lay), -1)) if lay.phase == "bwd" else None
+            owner.append(-1 if fl is None else fl)
+        self.slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
 
     @property
     def n(self) -> int:
@@ -187,9 +201,14 @@ class Segmenter:
                 own[a0] += size
                 own[f0] -= size
         prof = np.cumsum(own)[:-1] + base[lo:hi]
+        # Only the slots of the segment's own layers, forward and backward: elsewhere other
+        # segments' maps are what the device holds, and their own check counts them.
+        lay = self.slot_layer[lo:hi]
+        mask = (lay >= layers.start) & (lay < layers.stop)
         if rc is not None:
             prof[rc - lo] += c.transient_bytes
-        return int(prof.max()) if len(prof) else 0
+            mask[rc - lo] = True
+        return int(prof[mask].max()) if mask.any() else 0
 
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.

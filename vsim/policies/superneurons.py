@@ -166,7 +166,7 @@ class SuperNeurons(Policy):
                             if t not in needs or view.pos[a.before_op] < view.pos[needs[t]]:
                                 needs[t] = a.before_op
         # 3. LRU offload of CONV outputs, only where the profile exceeds the budget
-        ev = Evictions(view, hw, usage, budget)
+        ev = Evictions(view, hw, usage, budget, blocking=True)
         ev.needs.update(needs)
         candidates = [t for t in view.saved
                       if view.tensor[t].kind == "activation"
