@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError, TraceError
-from ..trace.importers import parse_chrome
+from ..trace.importers import parse_chrome, snapshot_blocks
 from ..trace.schema import Measured, Trace
 from . import RECORDER_VERSION, selfcheck
 from .assemble import (
@@ -387,15 +387,15 @@ class Recorder:
             snapshot = torch.cuda.memory_snapshot()
             dev = self.device.index if self.device.index is not None else \
                 torch.cuda.current_device()
-            log.resident_blocks = [(b["address"], b["size"]) for seg in snapshot
-                                   if seg.get("device", dev) == dev for b in seg["blocks"]
-                                   if b["state"] == "active_allocated"]
+            log.resident_blocks = [(addr, size) for addr, size, state
+                                   in snapshot_blocks(snapshot, dev)
+                                   if state == "active_allocated"]
             log.allocated_at_start = torch.cuda.memory_allocated(self.device)
             try:
                 torch.cuda.memory._record_memory_history("all", context=None, stacks="python",
                                                          max_entries=2_000_000)
                 self._history_on = True
-            except (RuntimeError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - optional: the trace is valid without it
                 self.progress(f"allocator history unavailable ({exc}); mem_events left empty")
         self._profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
@@ -516,7 +516,7 @@ class Recorder:
                 torch.cuda.current_device()
             entries = snap.get("device_traces", [[]])[dev]
             self.log.history = [{k: v for k, v in e.items() if k != "frames"} for e in entries]
-        except (RuntimeError, KeyError, IndexError) as exc:
+        except Exception as exc:  # noqa: BLE001 - optional: the trace is valid without it
             self.progress(f"allocator history unreadable ({exc}); mem_events left empty")
 
     def _export(self, profiler: Any, label: str) -> Any:

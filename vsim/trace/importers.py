@@ -25,9 +25,10 @@ import pickle
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import TraceError
 from .schema import MEM_ACTIONS, Kernel, Measured, MemEvent, Op, Tensor, Trace
@@ -212,7 +213,8 @@ def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
         if not isinstance(ev, dict):
             raise TraceError(f"traceEvents[{i}]: expected an object", where)
         ph, cat, name = ev.get("ph"), ev.get("cat"), ev.get("name")
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        raw_args = ev.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         if ph == "X":
             try:
                 start, end = _ns(ev["ts"]), _ns(ev["ts"]) + _ns(ev.get("dur", 0))
@@ -270,8 +272,9 @@ def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
             if op is not None:
                 op.markers.append((ann.start_ns, ann.name))
     unattributed = 0
-    for ev, i in device:
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+    for ev, _ in device:
+        raw_args = ev.get("args")
+        args = raw_args if isinstance(raw_args, dict) else {}
         corr = _int(args.get("correlation"))
         launch = runtime.get(corr) if corr is not None else None
         op = locate(*launch) if launch is not None else None
@@ -542,8 +545,11 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
             ws = next(k for k, p in enumerate(pending) if p.get("workspace") == i)
             writes.append(ws)
             frees.append(ws)
-        dep_set = {tensor_producer[t] for t in op_reads[i]
-                   if tensor_producer[t] is not None and tensor_producer[t] != n}
+        dep_set: set[int] = set()
+        for t in op_reads[i]:
+            prod = tensor_producer[t]
+            if prod is not None and prod != n:
+                dep_set.add(prod)
         for t in frees:  # a free on another stream waits for the producer and every reader
             for o in [tensor_producer[t], *consumers.get(t, ())]:
                 if o is not None and o < n and stream_of[o] != d.stream:
@@ -749,6 +755,33 @@ def clip_overlaps(drafts: list[OpDraft]) -> None:
 
 # ---------------------------------------------------------------- torch memory snapshot import
 
+def snapshot_blocks(segments: Any, device: int | None,
+                    where: str = "<snapshot>") -> list[tuple[int, int, str]]:
+    """(address, size, state) of every block of a torch.cuda.memory snapshot's segments on
+    `device` (None: all). A block without an address sits right after the previous one in its
+    segment, as torch's own viewer assumes. TraceError naming segments[s].blocks[b] otherwise."""
+    if not isinstance(segments, list):
+        raise TraceError("segments: expected a list", where)
+    out = []
+    for s, seg in enumerate(segments):
+        if not isinstance(seg, dict) or not isinstance(seg.get("blocks", []), list):
+            raise TraceError(f"segments[{s}]: expected a dict with a list 'blocks'", where)
+        if device is not None and seg.get("device", device) != device:
+            continue
+        addr = seg.get("address")
+        for b, block in enumerate(seg.get("blocks", [])):
+            if not isinstance(block, dict):
+                raise TraceError(f"segments[{s}].blocks[{b}]: expected a dict", where)
+            baddr, bsize = block.get("address", addr), block.get("size")
+            if isinstance(baddr, bool) or not isinstance(baddr, int) \
+                    or isinstance(bsize, bool) or not isinstance(bsize, int) or bsize < 0:
+                raise TraceError(f"segments[{s}].blocks[{b}]: expected integer address "
+                                 "(of the block or its segment) and size", where)
+            out.append((baddr, bsize, str(block.get("state", ""))))
+            addr = baddr + bsize
+    return out
+
+
 class _SafeUnpickler(pickle.Unpickler):
     """Loads plain data only: a snapshot is dicts, lists, tuples, numbers and strings."""
 
@@ -818,21 +851,9 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
         t = e.get("time_us", 0)
         if isinstance(t, bool) or not isinstance(t, (int, float)):
             raise TraceError(f"{p}.time_us: expected a number, got {t!r}", where)
-    live_at_end: dict[int, int] = {}
-    for s, seg in enumerate(snap["segments"]):
-        if not isinstance(seg, dict) or not isinstance(seg.get("blocks", []), list):
-            raise TraceError(f"segments[{s}]: expected a dict with a list 'blocks'", where)
-        if seg.get("device", device) != device:
-            continue
-        for b, block in enumerate(seg.get("blocks", [])):
-            if not isinstance(block, dict):
-                raise TraceError(f"segments[{s}].blocks[{b}]: expected a dict", where)
-            if block.get("state") == "active_allocated":
-                baddr, bsize = block.get("address"), block.get("size")
-                if not isinstance(baddr, int) or not isinstance(bsize, int):
-                    raise TraceError(f"segments[{s}].blocks[{b}]: expected integer 'address' "
-                                     "and 'size'", where)
-                live_at_end[baddr] = bsize
+    live_at_end = {addr: size for addr, size, state in snapshot_blocks(snap["segments"],
+                                                                          device, where)
+                   if state == "active_allocated"}
 
     tracker = AllocTracker()
     drafts: list[OpDraft] = []
@@ -841,7 +862,7 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
     allocated_here: set[int] = set()
     t0 = float(entries[0].get("time_us", 0) or 0)
     streams = stream_map(int(e.get("stream", 0) or 0) for e in entries)
-    for i, e in enumerate(entries):
+    for e in entries:
         action, addr, size = e["action"], e.get("addr", 0), e["size"]
         aid: int | None = None
         if action == "alloc":
@@ -865,9 +886,9 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
             aid = tracker.last_freed.get(addr)
         entry_op.append(len(drafts) - 1 if drafts else None)
         entry_alloc.append(aid)
-    for d, nxt in zip(drafts, drafts[1:] + [None]):
-        if nxt is not None and d.start_us is not None and nxt.start_us is not None:
-            d.dur_us = max(0.0, nxt.start_us - d.start_us)
+    for cur, nxt in zip(drafts, drafts[1:], strict=False):
+        if cur.start_us is not None and nxt.start_us is not None:
+            cur.dur_us = max(0.0, nxt.start_us - cur.start_us)
     for addr, size in live_at_end.items():
         aid = tracker.live.get(addr)
         if aid is None:
@@ -899,7 +920,9 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
 
 __all__ = [
     "AllocDraft", "AllocTracker", "Annotation", "Built", "Capture", "CpuOp", "KernelRec",
-    "MemRec", "OpDraft", "build_trace", "clip_overlaps", "containing", "import_kineto", "import_torch_snapshot",
-    "innermost", "load_chrome", "op_layer_type", "parse_chrome", "short_op_name", "stream_map",
+    "MemRec", "OpDraft", "build_trace", "clip_overlaps", "containing", "import_kineto",
+    "import_torch_snapshot",
+    "innermost", "load_chrome", "op_layer_type", "parse_chrome", "short_op_name",
+    "snapshot_blocks", "stream_map",
 ]
 
