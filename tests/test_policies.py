@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from netbuilder import torch_net
 
 from vsim.allocator import make_allocator
@@ -374,3 +376,43 @@ def test_policy_specs_round_trip_and_reject_unknown_keys():
         make_policy("vdnn:bogus=1")
     with pytest.raises(PolicyError):
         make_policy("recompute:strategy=magic")
+
+
+# ---------------------------------------------------------------- any network
+
+LAYER = st.sampled_from(["conv", "conv", "pool", "fc"])
+
+
+@st.composite
+def networks(draw):
+    """Random chains with PyTorch's semantics: conv/fc followed by an in-place ReLU (or not),
+    pools, a loss at the end; sizes 1..50 MB, times 0.1..5 ms."""
+    layers = []
+    for _ in range(draw(st.integers(1, 6))):
+        ty = draw(LAYER)
+        layers.append((ty, draw(st.integers(1, 50)) * M))
+        if ty != "pool" and draw(st.booleans()):
+            layers.append(("relu", 0))
+    layers.append(("loss", 0))
+    us = {ty: float(draw(st.integers(100, 5_000))) for ty in ("conv", "fc", "pool", "relu", "loss")}
+    return torch_net(layers, draw(st.integers(1, 50)) * M, fwd_us=us,
+                     weight_bytes=draw(st.integers(0, 5)) * M,
+                     workspace_bytes=draw(st.integers(0, 20)) * M,
+                     opt_us=float(draw(st.integers(0, 1_000))))
+
+
+@settings(max_examples=25, deadline=None)
+@given(net=networks(), spec=st.sampled_from(SPECS + ["superneurons:recompute=memory",
+                                                     "recompute:strategy=every-k,k=1"]),
+       fraction=st.floats(0.5, 1.1))
+def test_any_plan_runs_and_respects_the_capacity_when_it_fits(net, spec, fraction):
+    # Whatever the network and capacity, a policy's plan never makes an op read a tensor that is
+    # away (the engine raises PlanError), and a run that fits stays within the capacity.
+    peak = run("none", AMPLE, net)["peak_allocated_bytes"]
+    capacity = max(1, int(peak * fraction))
+    r = run(spec, capacity, net)
+    if r["fits"]:
+        assert r["peak_allocated_bytes"] <= capacity
+    else:
+        assert r["oom"] is not None
+    assert r["d2h_bytes"] >= r["h2d_bytes"] >= 0
