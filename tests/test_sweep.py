@@ -158,11 +158,15 @@ def test_writer_dedupes_and_widens(tmp_path):
     base = dict(zip(KEY_COLUMNS, ("t", "h", "1", "p", "a"), strict=True))
     assert w.write({**base, "fits": True, "oom": None}) is True
     assert w.write({**base, "fits": True, "oom": None}) is False
-    assert w.write({**base, "memory": "2", "fits": False, "oom.op": 3}) is True
+    assert w.write({**base, "memory": "2", "fits": False, "oom.op": 3}) is True  # widens
+    with pytest.raises(ConfigError, match="another sweep is writing"):
+        ResultWriter(str(path))
+    assert w.write({**base, "memory": "3", "fits": True}) is True  # into the rewritten file
     w.close()
     rows = read_rows(str(path))
-    assert [r["fits"] for r in rows] == [True, False]
+    assert [r["fits"] for r in rows] == [True, False, True]
     assert rows[0]["oom.op"] is None and rows[1]["oom.op"] == 3
+    assert ResultWriter(str(path)).keys == {row_key(r) for r in rows}
     with pytest.raises(ConfigError, match="must end in"):
         ResultWriter(str(tmp_path / "w.txt"))
 

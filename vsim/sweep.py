@@ -393,7 +393,10 @@ class ResultWriter:
         self.csv = self.path.suffix == ".csv"
         self.header: list[str] = []
         self.keys: set[tuple[str, ...]] = set()
-        if self.path.exists():
+        existed = self.path.exists()
+        self.handle = self.path.open("a", newline="")
+        self._lock()
+        if existed:
             self._cut_incomplete_line()
             rows = read_rows(str(self.path))
             self.keys = {row_key(r) for r in rows}
@@ -401,9 +404,21 @@ class ResultWriter:
                 with self.path.open(newline="") as f:
                     self.header = next(csv.reader(f), [])
                 if self.header and list(self.header[:len(KEY_COLUMNS)]) != list(KEY_COLUMNS):
+                    self.handle.close()
                     raise ConfigError("not a vsim sweep CSV (its first columns are not "
                                       f"{', '.join(KEY_COLUMNS)})", str(path))
-        self.handle = self.path.open("a", newline="")
+
+    def _lock(self) -> None:
+        """Two sweeps appending to one file would each miss the other's rows."""
+        try:
+            import fcntl
+        except ImportError:  # not on this platform: no guard
+            return
+        try:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise ConfigError("another sweep is writing to this file", str(self.path)) from None
 
     def _cut_incomplete_line(self) -> None:
         data = self.path.read_bytes()
@@ -432,7 +447,9 @@ class ResultWriter:
         return True
 
     def _widen(self, header: list[str]) -> None:
-        self.handle.close()
+        """Rewrite the file with a wider header: a temporary file, locked, renamed over it;
+        the old file stays locked until then."""
+        self.handle.flush()
         rows = read_rows(str(self.path)) if self.header else []
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -440,10 +457,19 @@ class ResultWriter:
         for r in rows:
             writer.writerow([_csv_cell(r.get(c)) for c in header])
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(buf.getvalue())
-        os.replace(tmp, self.path)
+        old = self.handle
+        self.handle = tmp.open("w", newline="")
+        try:
+            self._lock()
+            self.handle.write(buf.getvalue())
+            self.handle.flush()
+            os.replace(tmp, self.path)
+        except BaseException:
+            self.handle.close()
+            self.handle = old
+            raise
+        old.close()
         self.header = header
-        self.handle = self.path.open("a", newline="")
 
     def close(self) -> None:
         self.handle.close()
