@@ -12,7 +12,8 @@
    network's peak, memory-centric otherwise.
 3. Offload of CONV outputs through an LRU tensor cache, only under memory pressure: walking the
    static profile, wherever it exceeds the capacity the least recently used CONV output that is
-   not needed again before that point is evicted (copied out after its last forward reader), and
+   not needed again before that point is evicted (copied out after its last forward reader; other
+   saved maps only when CONV outputs are not enough, as the cache holds every tensor), and
    prefetched at the start of the backward CONV layer before the one that needs it (or later
    where memory does not allow). Offloaded tensors live in a reused pinned pool; an allocation
    that does not fit waits for offloads in flight (Plan.wait_for_memory).
@@ -168,35 +169,48 @@ class SuperNeurons(Policy):
         # 3. LRU offload of CONV outputs, only where the profile exceeds the budget
         ev = Evictions(view, hw, usage, budget, blocking=True)
         ev.needs.update(needs)
-        candidates = [t for t in view.saved
-                      if view.tensor[t].kind == "activation"
-                      and view.layer_of[view.tensor[t].producer or 0].layer_type == "conv"
-                      and view.tensor[t].producer is not None]
-        while (x := ev.usage.over(budget)) is not None:
-            best: tuple[int, int] | None = None
-            for t in candidates:
-                if t in ev.swaps:
-                    continue
-                lo, hi = ev.swap_window(t)
-                if lo <= x < hi:
-                    key = (view.end(ev.last_fwd_use(t)), t)  # least recently used first
-                    if best is None or key < best:
-                        best = key
-            if best is None:
-                break
-            ev.add_swap(best[1])
+        dropped = {a.tensor for a in actions if isinstance(a, Drop)}
+        conv_out = [t for t in view.saved if _conv_output(view, t) and t not in dropped]
+        # The tensor cache holds every tensor: when CONV outputs are not enough (a map whose
+        # recomputation was not possible, the network input), the others are evicted too.
+        others = [t for t in view.saved if t not in conv_out and t not in dropped]
+        n_others = 0
+        for pool in (conv_out, others):
+            while (x := ev.usage.over(budget)) is not None:
+                best: tuple[int, int] | None = None
+                for t in pool:
+                    if t in ev.swaps:
+                        continue
+                    lo, hi = ev.swap_window(t)
+                    if lo <= x < hi:
+                        key = (view.end(ev.last_fwd_use(t)), t)  # least recently used first
+                        if best is None or key < best:
+                            best = key
+                if best is None:
+                    break
+                ev.add_swap(best[1])
+                n_others += pool is others
         ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
         notes = []
         if n_speed or n_memory or n_skipped:
             notes.append(f"superneurons: {n_speed} segment(s) recomputed speed-centric, "
                          f"{n_memory} memory-centric, {n_skipped} kept (their recomputation "
                          f"would read a tensor the trace has freed by then)")
+        if n_others:
+            notes.append(f"superneurons: {n_others} feature map(s) other than CONV outputs "
+                         f"evicted as well")
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"superneurons: the static profile still exceeds {budget} B at op "
-                         f"{view.ops[x // 2].id}: no CONV output left to evict there")
+                         f"{view.ops[x // 2].id}: no feature map left to evict there")
         return Plan(actions=(*actions, *ev.actions()), notes=tuple(notes),
                     pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),
                     wait_for_memory=True)
+
+
+def _conv_output(view: TraceView, t: int) -> bool:
+    producer = view.tensor[t].producer
+    return (view.tensor[t].kind == "activation" and producer is not None
+            and view.layer_of[producer].layer_type == "conv")
 
 
 def _copy(usage: Usage) -> Usage:
