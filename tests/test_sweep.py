@@ -196,11 +196,13 @@ def test_sweep_file_and_its_errors(traces, tmp_path, capsys):
 
 def test_bad_flags_exit_2_with_one_line(traces, tmp_path, capsys):
     for args in (["--memory", "4GiB..2GiB/1GiB"], ["--policy", "nope"], ["--hw", "nope"],
-                 ["--allocator", "caching:x=1"], ["--workers", "0"]):
+                 ["--allocator", "caching:x=1"], ["--workers", "0"],
+                 ["--trace", str(tmp_path / "missing.vsim.json")]):
         assert main(["sweep", "--trace", traces[1], "--hw", "h100-sxm", *args,
-                     "-o", str(tmp_path / "r.csv")]) == 2
+                     "-o", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "plots")]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vsim: error: ") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written
     assert main(["sweep", "--trace", traces[1], "--hw", "h100-sxm"]) == 2
     assert "-o" in capsys.readouterr().err
 

@@ -492,14 +492,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _check_output(path, "-o")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    if args.plot and not Path(args.plot).is_dir():
-        if not Path(args.plot).parent.is_dir():
-            raise ConfigError(f"--plot: folder {str(Path(args.plot).parent)!r} does not exist")
-        Path(args.plot).mkdir()
+    plot_dir = Path(args.plot) if args.plot else None
+    if plot_dir is not None and not plot_dir.is_dir() and not plot_dir.parent.is_dir():
+        raise ConfigError(f"--plot: folder {str(plot_dir.parent)!r} does not exist")
     grid = build_grid(axis("trace", args.trace, None), axis("hw", args.hw, None),
                       axis("memory", args.memory, ["default"]),
                       axis("policy", args.policy, ["none"]),
                       axis("allocator", args.allocator, ["exact"]), where=where)
+    if plot_dir is not None:
+        plot_dir.mkdir(exist_ok=True)  # only once the grid is known to be good
     summary = run_sweep(grid, outputs, workers=args.workers, scheduler=args.scheduler,
                         progress=_ProgressBar())
     plots: list[str] = []
