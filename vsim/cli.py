@@ -449,6 +449,7 @@ class _ProgressBar:
         self.start = self.clock()
         self.last = -1e9
         self.tty = sys.stderr.isatty()
+        self.shown = 0
 
     def __call__(self, done: int, total: int) -> None:
         now = self.clock()
@@ -462,7 +463,8 @@ class _ProgressBar:
         eta = f", {(total - done) / rate:.0f} s left" if 0 < done < total and rate else ""
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} configurations, "
                 f"{elapsed:.1f} s{eta}")
-        if self.tty:
+        if self.tty:  # padded: a shorter line must cover the longer one it redraws
+            self.shown, line = max(self.shown, len(line)), line.ljust(self.shown)
             print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
         else:
             print(line, file=sys.stderr, flush=True)
