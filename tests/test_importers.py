@@ -15,8 +15,14 @@ import pytest
 from vsim.errors import TraceError
 from vsim.trace import load_trace, save_trace
 from vsim.trace.importers import (
-    AllocDraft, OpDraft, build_trace, import_kineto, import_torch_snapshot, op_layer_type,
-    parse_chrome, stream_map,
+    AllocDraft,
+    OpDraft,
+    build_trace,
+    import_kineto,
+    import_torch_snapshot,
+    op_layer_type,
+    parse_chrome,
+    stream_map,
 )
 
 DATA = Path(__file__).parent / "data"

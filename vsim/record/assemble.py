@@ -229,6 +229,65 @@ def timing_ops(capture: Capture, gpu: bool, target_us: float | None,
     return out, info
 
 
+DELIMITER = "spin_kernel"  # torch.cuda._sleep's kernel, launched before each timed iteration
+
+
+def timing_kernels(capture: Capture, target_us: float | None,
+                   skip: int = 1) -> tuple[list[Kernel], dict[str, Any]]:
+    """The kernels of the median iteration of a CUDA-only timing pass (by span from the
+    delimiter kernel that starts each iteration, after skipping the first `skip`), in start
+    order, with idle gaps fitted to `target_us`. Times are us from the delimiter's end."""
+    marks = [i for i, k in enumerate(capture.kernels) if DELIMITER in k.name]
+    if len(marks) <= skip:
+        raise TraceError(f"the timing pass has {len(marks)} iterations (delimiter kernels); need "
+                         f"more than {skip}")
+    candidates = []
+    bounds = marks + [len(capture.kernels)]
+    for n in range(skip, len(marks)):
+        origin = capture.kernels[bounds[n]].end_ns
+        ks = capture.kernels[bounds[n] + 1:bounds[n + 1]]
+        if not ks:
+            raise TraceError("an iteration of the timing pass launched no kernels")
+        span = max(k.end_ns for k in ks) - origin
+        candidates.append((span, n, origin, ks))
+    ordered = sorted(candidates, key=lambda c: (c[0], c[1]))
+    _, _, origin, ks = ordered[len(ordered) // 2]
+    intervals = [((k.start_ns - origin) / 1e3, (k.end_ns - origin) / 1e3) for k in ks]
+    warp, info = fit_idle(intervals, target_us)
+    info["timing_iterations_us"] = [round(c[0] / 1e3, 3) for c in candidates]
+    info["kernels_per_iteration"] = [len(c[3]) for c in candidates]
+    kernels = [Kernel(k.name, k.stream, round(warp((k.start_ns - origin) / 1e3), 3),
+                      round((k.end_ns - k.start_ns) / 1e3, 3)) for k in ks]
+    return kernels, info
+
+
+def join_kernels(sops: list[_StructOp], kernels: list[Kernel]) -> tuple[list[int], dict[str, int]]:
+    """For each timing kernel, the index in `sops` of the op that launched it: the kernel
+    sequences of the two passes aligned by name; a kernel the structure pass did not see goes
+    to the op of the kernel before it."""
+    seq = sorted((k.start_ns, k.name, i) for i, s in enumerate(sops) for k in s.op.kernels)
+    names = [x[1] for x in seq]
+    owners_s = [x[2] for x in seq]
+    tnames = [k.name for k in kernels]
+    owner: list[int | None] = [None] * len(kernels)
+    if names == tnames:
+        owner = list(owners_s)
+    else:
+        matcher = difflib.SequenceMatcher(None, names, tnames, autojunk=False)
+        for a, b, size in matcher.get_matching_blocks():
+            for k in range(size):
+                owner[b + k] = owners_s[a + k]
+    matched = sum(o is not None for o in owner)
+    first = next((o for o in owner if o is not None), 0)
+    out = []
+    prev = first
+    for o in owner:
+        prev = o if o is not None else prev
+        out.append(prev)
+    return out, {"kernels_structure": len(names), "kernels_timing": len(kernels),
+                 "kernels_matched": matched}
+
+
 # ---------------------------------------------------------------- structure pass
 
 @dataclass
@@ -410,9 +469,12 @@ def align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
 def assemble(structure: Capture, log: StructureLog, timing: Capture, *, gpu: bool,
              measured: Measured | None, meta: dict[str, Any],
              fit_gaps: bool = True) -> Trace:
-    """The trace of one iteration: structure-pass ops joined with timing-pass kernels."""
+    """The trace of one iteration: structure-pass ops with the timing pass's kernels (GPU:
+    kernel sequences aligned by name) or CPU spans (CPU: op sequences aligned by name)."""
     sops, allocs, sdiag = structure_ops(structure, log)
     target = measured.iteration_time_us if (measured is not None and fit_gaps) else None
+    if gpu:
+        return _assemble_gpu(sops, allocs, sdiag, log, timing, measured, meta, target)
     tops, tinfo = timing_ops(timing, gpu, target)
     pairs = align([short_op_name(s.op.name) for s in sops], [short_op_name(t.name) for t in tops])
     drafts: list[OpDraft] = []
@@ -453,6 +515,38 @@ def assemble(structure: Capture, log: StructureLog, timing: Capture, *, gpu: boo
     return built.trace(meta, measured, mem_events)
 
 
+def _assemble_gpu(sops: list[_StructOp], allocs: dict[int, AllocDraft], sdiag: dict[str, Any],
+                  log: StructureLog, timing: Capture, measured: Measured | None,
+                  meta: dict[str, Any], target: float | None) -> Trace:
+    kernels, tinfo = timing_kernels(timing, target)
+    owners, join = join_kernels(sops, kernels)
+    smap = stream_map(k.stream for k in kernels)
+    per_op: dict[int, list[Kernel]] = {}
+    for k, o in zip(kernels, owners, strict=True):
+        per_op.setdefault(o, []).append(k)
+    drafts = []
+    for i, s in enumerate(sops):
+        d = s.draft
+        ks = per_op.get(i, [])
+        if ks:
+            d.kernels = ks
+            d.start_us = ks[0].start_us
+            d.dur_us = max(k.start_us + k.dur_us for k in ks) - ks[0].start_us
+            d.stream = smap[ks[0].stream]
+        drafts.append(d)
+    clip_overlaps(drafts)
+    built = build_trace(drafts, allocs)
+    mem_events = _mem_events(log, drafts, [s.mem for s in sops], built) if log.history else ()
+    meta = dict(meta)
+    meta["timing"] = {**tinfo, "stream_map": {str(k): v for k, v in smap.items()}}
+    meta["join"] = {**join, "ops_structure": len(sops),
+                    "ops_with_kernels": sum(1 for d in drafts if d.kernels)}
+    meta["structure_check"] = {**sdiag, **built.diagnostics}
+    meta["stream_names"] = {str(v): ("compute" if v == 0 else f"stream {raw}")
+                            for raw, v in smap.items()}
+    return built.trace(meta, measured, mem_events)
+
+
 def _mem_events(log: StructureLog, drafts: list[OpDraft],
                 mem_of_draft: list[list[tuple[MemRec, int]]], built: Any) -> tuple[MemEvent, ...]:
     """Allocator history entries joined, in order, to the profiler's allocator events of the
@@ -487,9 +581,10 @@ def _mem_events(log: StructureLog, drafts: list[OpDraft],
         if action in ("alloc", "free_requested"):
             sign = 1 if action == "alloc" else -1
             match = None
-            for k in range(j, min(j + 8, len(records))):
+            for k in range(j, min(j + 16, len(records))):
                 r = records[k]
-                if r[0] == sign and r[1] == e.get("addr") and r[2] == e.get("size"):
+                # by address: the history records requested sizes, the profiler block sizes
+                if r[0] == sign and r[1] == e.get("addr"):
                     match = k
                     break
             op_id = tensor = None

@@ -297,14 +297,18 @@ class Recorder:
             if prev != "timing":
                 self._sync()
                 gc.collect()
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if self.gpu:
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self._profiler = torch.profiler.profile(activities=activities)
+                # GPU: kernels only (CUPTI activity), no CPU op recording, whose cost per op
+                # would show as GPU idle time; CPU: the ops are what is timed
+                activity = torch.profiler.ProfilerActivity
+                self._profiler = torch.profiler.profile(
+                    activities=[activity.CUDA] if self.gpu else [activity.CPU])
                 self._profiler.start()
             self._sync()
-            self._range = _Range(ITERATION)
-            self._range.__enter__()
+            if self.gpu:
+                torch.cuda._sleep(1)  # the delimiter kernel: this iteration starts at its end
+            else:
+                self._range = _Range(ITERATION)
+                self._range.__enter__()
 
     def _end(self, phase: str) -> None:
         nxt = self.schedule[self.pos + 1] if self.pos + 1 < len(self.schedule) else None
@@ -326,15 +330,18 @@ class Recorder:
         elif phase == "structure":
             self._end_structure()
         elif phase == "timing":
-            self._range.__exit__(None, None, None)
-            self._range = None
+            if self._range is not None:
+                self._range.__exit__(None, None, None)
+                self._range = None
             self._sync()
             if nxt != "timing":
                 self._profiler.stop()
                 self.timing_capture = self._export(self._profiler, "timing")
                 self._profiler = None
+                cap = self.timing_capture
                 self.progress(f"timing pass: {self.schedule.count('timing')} iterations "
-                              f"profiled, {len(self.timing_capture.ops)} top-level ops")
+                              "profiled, " + (f"{len(cap.kernels)} kernels" if self.gpu else
+                                              f"{len(cap.ops)} top-level ops"))
 
     # -- structure pass
 
@@ -397,8 +404,10 @@ class Recorder:
                 self._history_on = True
             except Exception as exc:  # noqa: BLE001 - optional: the trace is valid without it
                 self.progress(f"allocator history unavailable ({exc}); mem_events left empty")
+        activity = torch.profiler.ProfilerActivity
         self._profiler = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            activities=[activity.CPU, activity.CUDA] if self.gpu else [activity.CPU],
+            profile_memory=True)
         self._profiler.start()
         # module ranges
         modules = [(q, m) for q, m in self.model.named_modules() if q]
@@ -569,7 +578,7 @@ class Recorder:
     def _meta(self) -> dict[str, Any]:
         gpu = self.gpu
         name = torch.cuda.get_device_name(self.device) if gpu else "cpu"
-        smap = (self.timing_capture and _stream_names(self.timing_capture)) or {"0": "compute"}
+        smap = {"0": "compute"}  # the GPU assembly names the other streams it finds
         params = list(self.model.parameters())
         meta: dict[str, Any] = {
             "source": "measured",
@@ -598,12 +607,6 @@ class Recorder:
         }
         meta.update(self.extra_meta)
         return meta
-
-
-def _stream_names(capture: Any) -> dict[str, str]:
-    from ..trace.importers import stream_map
-    smap = stream_map(k.stream for op in capture.ops for k in op.kernels)
-    return {str(v): ("compute" if v == 0 else f"stream {raw}") for raw, v in smap.items()}
 
 
 def record_step(step: Callable[[], Any], model: nn.Module,

@@ -99,6 +99,7 @@ class KernelRec:
     stream: int
     start_ns: int
     end_ns: int
+    op: int | None = None  # index of the top-level op that launched it, when known
 
 
 @dataclass
@@ -146,6 +147,7 @@ class Capture:
     annotations: list[Annotation]
     device_name: str | None = None
     unattributed_kernels: int = 0
+    kernels: list[KernelRec] = field(default_factory=list)  # every device activity, by start
 
     def annotations_named(self, prefix: str) -> list[Annotation]:
         return sorted((a for a in self.annotations if a.name.startswith(prefix)),
@@ -272,19 +274,23 @@ def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
             if op is not None:
                 op.markers.append((ann.start_ns, ann.name))
     unattributed = 0
+    kernels: list[KernelRec] = []
     for ev, _ in device:
         raw_args = ev.get("args")
         args = raw_args if isinstance(raw_args, dict) else {}
         corr = _int(args.get("correlation"))
         launch = runtime.get(corr) if corr is not None else None
-        op = locate(*launch) if launch is not None else None
-        if op is None:
-            unattributed += 1
-            continue
+        op = locate(*launch) if (launch is not None and ops) else None
         stream = _int(args.get("stream"), _int(ev.get("tid"), 0)) or 0
         start = _ns(ev["ts"])
-        op.kernels.append(KernelRec(str(ev.get("name", "?"))[:KERNEL_NAME_CHARS], stream, start,
-                                    start + _ns(ev.get("dur", 0))))
+        rec = KernelRec(str(ev.get("name", "?"))[:KERNEL_NAME_CHARS], stream, start,
+                        start + _ns(ev.get("dur", 0)), None if op is None else op.index)
+        kernels.append(rec)
+        if op is None:
+            unattributed += 1
+        else:
+            op.kernels.append(rec)
+    kernels.sort(key=lambda k: k.start_ns)
     for op in ops:
         op.kernels.sort(key=lambda k: k.start_ns)
     device_name = None
@@ -292,7 +298,7 @@ def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
         props = doc["deviceProperties"]
         if props and isinstance(props[0], dict) and isinstance(props[0].get("name"), str):
             device_name = props[0]["name"]
-    return Capture(ops, annotations, device_name, unattributed)
+    return Capture(ops, annotations, device_name, unattributed, kernels)
 
 
 class _Locator:
@@ -412,9 +418,9 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
     peak inside the op, with every allocation of an op at its start and every free at its end,
     equals the real peak excursion inside it: max(0, E - P) with E the largest running sum of the
     op's allocation events and P the bytes of its outputs that outlive it. Inferred kinds: forward
-    outputs saved for backward or read later are activations, backward outputs gradients, the
-    rest temporaries. Ops with no kernels, no allocator events and no `keep` are dropped when
-    `drop_idle`. Raises TraceError on inconsistent events (an allocation made twice).
+    outputs saved for backward, read later or freed in backward are activations, backward outputs
+    gradients, the rest temporaries. Ops with no kernels, no allocator events and no `keep` are
+    dropped when `drop_idle`. Raises TraceError on inconsistent events (an allocation made twice).
     """
     producer: dict[int, int] = {}
     freer: dict[int, int] = {}
@@ -471,7 +477,8 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
         phase = drafts[producer[aid]].phase
         if phase == "fwd":
             later = any(r != producer[aid] for r in readers.get(aid, ()))
-            return "activation" if (a.saved or later) else "temporary"
+            into_bwd = aid in freer and drafts[freer[aid]].phase == "bwd"
+            return "activation" if (a.saved or later or into_bwd) else "temporary"
         if phase == "bwd":
             return "gradient"
         return "temporary"
@@ -755,6 +762,12 @@ def clip_overlaps(drafts: list[OpDraft]) -> None:
 
 # ---------------------------------------------------------------- torch memory snapshot import
 
+def block_size(requested: int) -> int:
+    """Bytes the caching allocator counts for a request (memory_allocated semantics): rounded up
+    to a multiple of 512, as CUDACachingAllocator's round_size does by default."""
+    return 512 * max(1, -(-requested // 512)) if requested > 0 else 0
+
+
 def snapshot_blocks(segments: Any, device: int | None,
                     where: str = "<snapshot>") -> list[tuple[int, int, str]]:
     """(address, size, state) of every block of a torch.cuda.memory snapshot's segments on
@@ -813,6 +826,8 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
     """A vsim trace of the allocator history in a torch.cuda.memory._dump_snapshot pickle
     (recorded with torch.cuda.memory._record_memory_history).
 
+    The history records requested sizes; tensors get the allocator's block size (rounded up to
+    512 bytes, memory_allocated's count) while mem_events keep the recorded sizes.
     The history has no ops, so each allocation is an op ('alloc', layer = the innermost stack
     frame when the capture kept stacks) producing its block; frees go to the op before them. Op
     times are the allocator's CPU clock (time_us) relative to the first event, each op lasting
@@ -866,7 +881,7 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
         action, addr, size = e["action"], e.get("addr", 0), e["size"]
         aid: int | None = None
         if action == "alloc":
-            aid = tracker.alloc(addr, size)
+            aid = tracker.alloc(addr, block_size(size))
             allocated_here.add(aid)
             frames = e.get("frames") or []
             layer = ""
@@ -923,6 +938,6 @@ __all__ = [
     "MemRec", "OpDraft", "build_trace", "clip_overlaps", "containing", "import_kineto",
     "import_torch_snapshot",
     "innermost", "load_chrome", "op_layer_type", "parse_chrome", "short_op_name",
-    "snapshot_blocks", "stream_map",
+    "block_size", "snapshot_blocks", "stream_map",
 ]
 
