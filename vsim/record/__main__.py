@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="profile whose datasheet fields (compute peaks) to keep")
     cal.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     sub.add_parser("models", help="list the zoo")
+    idx = sub.add_parser("index", help="markdown table of traces (for traces/README.md)")
+    idx.add_argument("traces", nargs="+")
     args = parser.parse_args(argv)
 
     def say(msg: str) -> None:
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             doc = calibrate(progress=say, name=args.name, base=args.base, quick=args.quick)
             write_profile(doc, args.output)
             say(f"wrote {args.output}")
+        elif args.verb == "index":
+            from .selfcheck import index_table
+            print(index_table(args.traces), end="")
         else:
             from .zoo import list_models
             for name, text in list_models().items():

@@ -226,8 +226,8 @@ class Recorder:
                          + ["timing"] * (timing_iters + 1))
         self.pos = -1
         self.times_us: list[float] = []
-        self.peak_allocated = 0
-        self.peak_reserved = 0
+        self.peaks_allocated: list[int] = []
+        self.peaks_reserved: list[int] = []
         self.log = StructureLog(device_type=1 if self.gpu else 0)
         self.structure_capture: Any = None
         self.timing_capture: Any = None
@@ -316,16 +316,15 @@ class Recorder:
             self._sync()
             self.times_us.append((time.perf_counter() - self._t0) * 1e6)
             if self.gpu:
-                self.peak_allocated = max(self.peak_allocated,
-                                          torch.cuda.max_memory_allocated(self.device))
-                self.peak_reserved = max(self.peak_reserved,
-                                         torch.cuda.max_memory_reserved(self.device))
+                self.peaks_allocated.append(torch.cuda.max_memory_allocated(self.device))
+                self.peaks_reserved.append(torch.cuda.max_memory_reserved(self.device))
             if nxt != "measure":
                 t = sorted(self.times_us)
                 self.progress(f"measured: median {statistics.median(t) / 1e3:.3f} ms over "
                               f"{len(t)} iterations (min {t[0] / 1e3:.3f}, max {t[-1] / 1e3:.3f})"
-                              + (f", peak allocated {self.peak_allocated / 2**20:.1f} MiB, "
-                                 f"reserved {self.peak_reserved / 2**20:.1f} MiB"
+                              + (f", peak allocated {self._peak(self.peaks_allocated) / 2**20:.1f}"
+                                 f" MiB (max {max(self.peaks_allocated) / 2**20:.1f}), reserved "
+                                 f"{self._peak(self.peaks_reserved) / 2**20:.1f} MiB"
                                  if self.gpu else ""))
         elif phase == "structure":
             self._end_structure()
@@ -342,6 +341,11 @@ class Recorder:
                 self.progress(f"timing pass: {self.schedule.count('timing')} iterations "
                               "profiled, " + (f"{len(cap.kernels)} kernels" if self.gpu else
                                               f"{len(cap.ops)} top-level ops"))
+
+    @staticmethod
+    def _peak(values: list[int]) -> int:
+        """The median of per-iteration peaks (steady state; the max is kept in meta)."""
+        return int(statistics.median_low(values)) if values else 0
 
     # -- structure pass
 
@@ -545,8 +549,8 @@ class Recorder:
         measured = None
         if self.times_us:
             measured = Measured(iteration_time_us=round(statistics.median(self.times_us), 3),
-                                peak_allocated_bytes=int(self.peak_allocated),
-                                peak_reserved_bytes=int(self.peak_reserved))
+                                peak_allocated_bytes=self._peak(self.peaks_allocated),
+                                peak_reserved_bytes=self._peak(self.peaks_reserved))
         meta = self._meta()
         try:
             trace = assemble(self.structure_capture, self.log, self.timing_capture,
@@ -604,6 +608,11 @@ class Recorder:
                            "measured": self.schedule.count("measure"),
                            "timing": self.schedule.count("timing") - 1},
             "measured_iteration_times_us": [round(t, 3) for t in self.times_us],
+            "measured_peaks_allocated_bytes": list(self.peaks_allocated),
+            "measured_peaks_reserved_bytes": list(self.peaks_reserved),
+            "timing_pass": ("CUDA activity only, iterations delimited by a spin kernel, kernels "
+                            "joined to the structure pass's ops by aligning kernel names"
+                            if gpu else "CPU op spans, joined by aligning op names"),
         }
         meta.update(self.extra_meta)
         return meta

@@ -75,3 +75,38 @@ def describe(trace: Trace) -> str:
                  f"{c['time_error'] * 100:+.2f}% ({'ok' if c['time_ok'] else 'OUT'} of 3%), "
                  f"peak {c['peak_error'] * 100:+.2f}% ({'ok' if c['peak_ok'] else 'OUT'} of 1%)")
     return line
+
+
+def index_table(paths: list[str]) -> str:
+    """A markdown table of trace files (traces/README.md): provenance, size on disk, measured
+    iteration time and peak against the replay estimate, and how much the recorder's idle-gap
+    fit changed the profiled timeline."""
+    from pathlib import Path
+
+    from ..trace import load_trace
+
+    rows = ["| trace | model | batch | device | date | torch | size | measured ms | replay ms "
+            "(error) | measured peak MiB | replay peak MiB (error) | profiled span / busy ms | "
+            "idle fit |", "|" + "---|" * 13]
+    for path in paths:
+        t = load_trace(path)
+        c = compare(t)
+        m = t.meta
+        timing = m.get("timing", {})
+        fit = timing.get("fit", "?")
+        if "subtract_us" in timing:
+            fit += f" {timing['subtract_us']:.1f} us/gap"
+        elif "scale" in timing:
+            fit += f" x{timing['scale']:.3f}"
+        size = Path(path).stat().st_size
+        measured = t.measured
+        rows.append(
+            f"| {Path(path).name} | {m.get('model')} | {m.get('batch_size')} | {m.get('device')} | "
+            f"{str(m.get('date', ''))[:10]} | {m.get('torch')} | {size / 1e3:.0f} kB | "
+            + (f"{measured.iteration_time_us / 1e3:.2f} | {c['replay_time_us'] / 1e3:.2f} "
+               f"({c['time_error'] * 100:+.2f}%) | {measured.peak_allocated_bytes / 2**20:.1f} | "
+               f"{c['replay_peak_bytes'] / 2**20:.1f} ({c['peak_error'] * 100:+.2f}%) | "
+               if measured is not None else "- | - | - | - | ")
+            + f"{timing.get('profiled_span_us', 0) / 1e3:.2f} / "
+              f"{timing.get('busy_us', 0) / 1e3:.2f} | {fit} |")
+    return "\n".join(rows) + "\n"
