@@ -315,49 +315,28 @@ def test_replay_estimate_by_hand() -> None:
 def test_calibrate_yaml_loads_as_a_profile(tmp_path: Path) -> None:
     yaml = pytest.importorskip("yaml")
     from vsim.hardware import load_hardware
-    from vsim.record.calibrate import _fit_path, write_profile
+    from vsim.record.calibrate import _fit_path, refit_links, write_profile
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "h100-sxm.yaml")
                          .read_text())
-    # 64 KiB in 10 us, 1 MiB in 30 us, 1 GiB in 20 ms, latency 5 us: best 53.69 GB/s;
-    # efficiency(64 KiB) = 65536 / (53687 x 5) = 24.4%
-    doc["link"]["h2d"]["pinned"] = _fit_path([(65536, 10.0), (2**20, 30.0), (2**30, 20000.0)],
-                                             5.0)
+    # 64 B in 10 us, 1 MiB in 30, 16 MiB in 330, 1 GiB in 20010: the line through the two
+    # large points has slope 19680 us / 1056964608 B -> 53707 B/us (above the best size/time,
+    # 53660); the largest intercept keeping t - latency >= size / bandwidth is the probe's,
+    # 10 - 64/53707 = 9.9988 us; each point's efficiency then gives its time back.
+    points = [(64, 10.0), (2**20, 30.0), (16 * 2**20, 330.0), (2**30, 20010.0)]
+    doc["link"]["h2d"]["pinned"] = _fit_path(points)
     doc["provenance"]["method"] = 'quotes " and colons: and # hashes'
-    doc["measurements"] = {"h2d_pinned": [{"size": "64KiB", "time": "10.00us"}]}
+    doc["measurements"] = {"h2d_pinned": [{"size": "64B", "time": "10.00us"}]}
     path = tmp_path / "x.yaml"
     write_profile(doc, path)
     hw = load_hardware(str(path))
-    assert hw.h2d.pinned.bandwidth_bytes_per_us == pytest.approx(53687.1, rel=1e-3)
-    assert hw.h2d.pinned.efficiency[0] == (65536, pytest.approx(0.244))
+    assert hw.h2d.pinned.bandwidth_bytes_per_us == pytest.approx(53707, rel=1e-4)
+    assert hw.h2d.pinned.latency_us == pytest.approx(9.9988, abs=0.01)
+    for size, t in points:
+        assert hw.h2d.copy_time_us(size) == pytest.approx(t, rel=0.002)
     assert hw.provenance["method"] == 'quotes " and colons: and # hashes'
-
-
-def test_gpu_timing_pass_median_iteration_and_kernel_join() -> None:
-    """Timing pass: delimiters at 0, 100, 200, 300 us; iteration 1 is skipped. Spans from each
-    delimiter's end (1 us after its start): it2 a [105,115] b [116,124] -> 23 us; it3 a
-    [210,220] b [230,240] -> 39; it4 a [305,315] b [318,326] -> 25: the median is it4, origin
-    301: a at 4, b at 17. The structure pass saw op 0 launch a and op 1 launch b and c (c never
-    ran in the timing pass); timing kernel x unseen by the structure pass goes to the op before."""
-    from vsim.record.assemble import _StructOp, join_kernels, timing_kernels
-    from vsim.trace.importers import Capture, CpuOp, KernelRec, OpDraft
-
-    def k(name: str, start: float, end: float, op: int | None = None) -> KernelRec:
-        return KernelRec(name, 7, int(start * 1000), int(end * 1000), op)
-
-    spin = "at::cuda::(anonymous namespace)::spin_kernel(long)"
-    timing = Capture([], [], kernels=[
-        k(spin, 0, 1), k("a", 10, 20), k("b", 22, 30),
-        k(spin, 100, 101), k("a", 105, 115), k("b", 116, 124),
-        k(spin, 200, 201), k("a", 210, 220), k("b", 230, 240),
-        k(spin, 300, 301), k("a", 305, 315), k("x", 316, 317), k("b", 318, 326)])
-    kernels, info = timing_kernels(timing, None)
-    assert info["timing_iterations_us"] == [23.0, 39.0, 25.0]
-    assert [(x.name, x.start_us, x.dur_us) for x in kernels] == [
-        ("a", 4.0, 10.0), ("x", 15.0, 1.0), ("b", 17.0, 8.0)]
-    ops = [CpuOp(0, "aten::conv2d", 1, 0, 10, None, kernels=[k("a", 1, 2, 0)]),
-           CpuOp(1, "aten::relu", 1, 20, 30, None, kernels=[k("b", 3, 4, 1), k("c", 5, 6, 1)])]
-    sops = [_StructOp(op, OpDraft(op.name), []) for op in ops]
-    owners, join = join_kernels(sops, kernels)
-    assert owners == [0, 0, 1]
-    assert join == {"kernels_structure": 3, "kernels_timing": 3, "kernels_matched": 2}
+    # refitting from the measurements rows gives the same path
+    rows = [{"size": f"{s}B", "time": f"{t}us"} for s, t in points]
+    doc["measurements"] = {f"{d}_{k}": rows for d in ("h2d", "d2h")
+                           for k in ("pinned", "pageable")}
+    assert refit_links(doc)["link"]["d2h"]["pageable"] == doc["link"]["h2d"]["pinned"]

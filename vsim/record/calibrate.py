@@ -57,7 +57,7 @@ def _gbps(bytes_per_us: float) -> str:
 
 
 def _pct(fraction: float) -> str:
-    return f"{min(100.0, max(0.1, fraction * 100)):.1f}%"
+    return f"{min(100.0, max(1e-4, fraction * 100)):.3g}%"
 
 
 class _Timer:
@@ -89,15 +89,48 @@ class _Timer:
         return out
 
 
-def _fit_path(points: list[tuple[int, float]], latency_us: float) -> dict[str, Any]:
-    """bandwidth (best size/time), latency, and efficiency(size) so that
-    latency + size / (bandwidth x efficiency) reproduces each measured time."""
-    bw = max(size / t for size, t in points)
-    table = []
-    for size, t in points:
-        denom = bw * max(t - latency_us, 1e-9)
-        table.append({"size": _size(size), "fraction": _pct(min(1.0, size / denom))})
-    return {"bandwidth": _gbps(bw), "latency": _us(latency_us), "efficiency": table}
+PROBE_BYTES = 64  # the per-copy latency probe
+
+
+def _fit_path(points: list[tuple[int, float]]) -> dict[str, Any]:
+    """A copy path (bandwidth, latency, efficiency table) whose formula
+    latency + size / (bandwidth x efficiency(size)) gives back every measured (size, us) point,
+    the latency probe included. Bandwidth: the asymptotic rate, from a least-squares line through
+    the points of 16 MiB and more, or the best size/time seen if higher. Latency: the largest
+    intercept that keeps the efficiency of every copy up to 16 MiB at or below 100% (the fixed
+    cost that small and middle-sized copies show); the efficiency table carries what that
+    latency does not explain. Large copies hide part of the fixed cost, so their efficiency is
+    capped at 100% and their time comes out up to `latency` long (a fraction of a percent). A
+    copy smaller than the smallest point uses its efficiency."""
+    big = [(s, t) for s, t in points if s >= 16 * MiB] or points[-2:]
+    best = max(s / t for s, t in points)
+    bw = best
+    if len(big) >= 2:
+        ms = statistics.mean(s for s, _ in big)
+        mt = statistics.mean(t for _, t in big)
+        var = sum((s - ms) ** 2 for s, _ in big)
+        slope = sum((s - ms) * (t - mt) for s, t in big) / var if var else 0.0
+        if slope > 0:
+            bw = max(best, 1 / slope)
+    small = [(s, t) for s, t in points if s <= 16 * MiB] or points
+    latency = max(0.0, min(t - s / bw for s, t in small))
+    table = [{"size": _size(s), "fraction": _pct((s / bw) / max(t - latency, 1e-9))}
+             for s, t in sorted(points)]
+    return {"bandwidth": _gbps(bw), "latency": _us(latency), "efficiency": table}
+
+
+def refit_links(doc: dict[str, Any]) -> dict[str, Any]:
+    """The profile with its link paths fitted again (by `_fit_path`) from its own
+    `measurements` rows: for profiles written before the fit changed."""
+    from ..units import parse_size, parse_time
+
+    out = json.loads(json.dumps(doc))
+    for direction in ("h2d", "d2h"):
+        for kind in ("pinned", "pageable"):
+            rows = out["measurements"][f"{direction}_{kind}"]
+            points = [(parse_size(r["size"]), parse_time(r["time"])) for r in rows]
+            out["link"][direction][kind] = _fit_path(points)
+    return out
 
 
 def calibrate(progress: Progress | None = None, name: str | None = None,
@@ -184,15 +217,16 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
             measure = timer.gpu if kind == "pinned" else timer.wall
             for _ in range(3):
                 copy(MiB)  # warm the path
-            lat = statistics.median(measure(partial(copy, 64), 20 if quick else 50))
-            points = []
-            rows = []
+            lat = statistics.median(measure(partial(copy, PROBE_BYTES), 20 if quick else 50))
+            points = [(PROBE_BYTES, lat)]
+            rows = [{"size": _size(PROBE_BYTES), "time": _us(lat),
+                     "bandwidth": _gbps(PROBE_BYTES / lat)}]
             for n in sizes:
                 reps = max(3, min(20 if quick else 40, int(2 * GiB // n)))
                 t = statistics.median(measure(partial(copy, n), reps))
                 points.append((n, t))
                 rows.append({"size": _size(n), "time": _us(t), "bandwidth": _gbps(n / t)})
-            paths[f"{direction}.{kind}"] = _fit_path(points, lat)
+            paths[f"{direction}.{kind}"] = _fit_path(points)
             raw[f"{direction}_{kind}"] = rows
             say(f"{direction} {kind}: latency {_us(lat)}, " + ", ".join(
                 f"{r['size']} {r['bandwidth']}" for r in rows))
@@ -274,9 +308,14 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
                 "cuBLAS and cuDNN are loaded (context before libraries: "
                 f"{context_bare / MiB:.0f} MiB); cuda_malloc: median over 2 MiB..1 GiB of "
                 "torch.empty with an empty cache; link: median copy time per size (CUDA events "
-                "for pinned, synchronised wall clock for pageable), latency = median time of a "
-                "64-byte copy, bandwidth = best size/time, efficiency(size) = size / (bandwidth "
-                "x (time - latency)); duplex: pinned copies both ways at once on two streams; "
+                "for pinned, synchronised wall clock for pageable) from 64 B (the per-copy "
+                "latency probe) to 1 GiB, in measurements; bandwidth = the asymptotic rate "
+                "(least squares over 16 MiB and more, or the best size/time if higher), latency "
+                "= the largest intercept keeping the efficiencies of copies up to 16 MiB at most "
+                "100%, efficiency(size) = size / (bandwidth x (time - latency)) capped at 100%, "
+                "so every measured size up to 16 MiB is reproduced and larger ones within "
+                "latency; "
+                "duplex: pinned copies both ways at once on two streams; "
                 "launch_latency: wall time per back-to-back tiny kernel; copy_interference: "
                 "slowdown of device-to-device copies while the link copies both ways; "
                 "pinned_alloc_per_GiB: slope of torch.empty(pin_memory=True) time over "
