@@ -340,3 +340,43 @@ def test_calibrate_yaml_loads_as_a_profile(tmp_path: Path) -> None:
     doc["measurements"] = {f"{d}_{k}": rows for d in ("h2d", "d2h")
                            for k in ("pinned", "pageable")}
     assert refit_links(doc)["link"]["d2h"]["pageable"] == doc["link"]["h2d"]["pinned"]
+
+
+def test_gpu_timing_pass_median_iteration_and_kernel_join() -> None:
+    """Timing pass: delimiters at 0, 100, 200, 300 us; iteration 1 is skipped. Spans from each
+    delimiter's end (1 us after its start): it2 a [105,115] b [116,124] -> 23 us; it3 a
+    [210,220] b [230,240] -> 39; it4 a [305,315] x [316,317] b [318,326] -> 25: the median is
+    it4, origin 301: a at 4, x at 15, b at 17. The structure pass saw op 0 launch a and op 1
+    launch b and c (c never ran in the timing pass); x, unseen by the structure pass, goes to
+    the op of the kernel before it."""
+    from vsim.record.assemble import _StructOp, join_kernels, timing_kernels
+    from vsim.trace.importers import Capture, CpuOp, KernelRec, OpDraft
+
+    def k(name: str, start: float, end: float, op: int | None = None) -> KernelRec:
+        return KernelRec(name, 7, int(start * 1000), int(end * 1000), op)
+
+    spin = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+    timing = Capture([], [], kernels=[
+        k(spin, 0, 1), k("a", 10, 20), k("b", 22, 30),
+        k(spin, 100, 101), k("a", 105, 115), k("b", 116, 124),
+        k(spin, 200, 201), k("a", 210, 220), k("b", 230, 240),
+        k(spin, 300, 301), k("a", 305, 315), k("x", 316, 317), k("b", 318, 326)])
+    kernels, info = timing_kernels(timing, None)
+    assert info["timing_iterations_us"] == [23.0, 39.0, 25.0]
+    assert [(x.name, x.start_us, x.dur_us) for x in kernels] == [
+        ("a", 4.0, 10.0), ("x", 15.0, 1.0), ("b", 17.0, 8.0)]
+    ops = [CpuOp(0, "aten::conv2d", 1, 0, 10, None, kernels=[k("a", 1, 2, 0)]),
+           CpuOp(1, "aten::relu", 1, 20, 30, None, kernels=[k("b", 3, 4, 1), k("c", 5, 6, 1)])]
+    sops = [_StructOp(op, OpDraft(op.name), []) for op in ops]
+    owners, join = join_kernels(sops, kernels)
+    assert owners == [0, 0, 1]
+    assert join == {"kernels_structure": 3, "kernels_timing": 3, "kernels_matched": 2}
+
+
+def test_shipped_traces_replay_to_their_measurements() -> None:
+    """Issue 3's acceptance on the recorder's side: every shipped recording replays (no policy)
+    within 3% of its measured time and 1% of its measured peak."""
+    traces = sorted((Path(__file__).parent.parent / "traces").glob("*-h100.vsim.json.gz"))
+    for path in traces:
+        c = selfcheck.compare(load_trace(path))
+        assert c["time_ok"] and c["peak_ok"], (path.name, c)
