@@ -36,12 +36,17 @@ def test_titan_x_matches_the_paper():
 
 
 def test_efficiency_table_interpolates_in_log_size():
-    hw = load_hardware("h100-sxm")
-    path = hw.h2d.pinned
-    # Table: 1MiB 40.5%, 16MiB 93.7%. 4MiB is halfway in log2 (2 of 4 steps): 40.5 + 0.5*53.2
-    assert path.efficiency_at(4 * 2**20) == pytest.approx(0.405 + 0.5 * (0.937 - 0.405))
-    assert path.efficiency_at(1) == pytest.approx(0.405)        # flat below the table
-    assert path.efficiency_at(2**40) == pytest.approx(0.989)    # flat above it
+    doc = _doc()
+    doc["link"]["h2d"]["pinned"] = {
+        "bandwidth": "50GB/s", "latency": "10us",
+        "efficiency": [{"size": "1MiB", "fraction": "40%"}, {"size": "16MiB", "fraction": "90%"}]}
+    path = parse_hardware(doc, "t.yaml").h2d.pinned
+    # 4 MiB is halfway from 1 to 16 MiB in log2 (2 of 4 doublings): 40% + 0.5 * 50% = 65%.
+    assert path.efficiency_at(4 * 2**20) == pytest.approx(0.65)
+    assert path.efficiency_at(1) == pytest.approx(0.40)        # flat below the table
+    assert path.efficiency_at(2**40) == pytest.approx(0.90)    # flat above it
+    # 4 MiB: 10 us + 4194304 B / (50000 B/us * 0.65) = 10 + 129.055 us
+    assert path.copy_time_us(4 * 2**20) == pytest.approx(10 + 4 * 2**20 / (50_000 * 0.65))
     assert path.copy_time_us(0) == 0.0
 
 
