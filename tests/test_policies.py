@@ -295,14 +295,17 @@ def test_hybrid_recomputes_when_it_is_cheaper_than_the_exposed_swap():
     # - p (t7, 100 MB) is away from conv5's forward end (31 ms) to conv5's backward (41 ms):
     #   10 ms against 2 x 7.8 ms of copies, 5.6 ms exposed; re-running the pool costs 1 ms
     #   -> recomputed.
-    # - idx (t8) waits from 21.5 to 61 ms: its round trip hides -> swapped at no cost.
-    # - y0 (t2, 400 MB): 31 ms each way, 18.5 ms exposed; recomputing conv0+relu1 would cost
-    #   10.5 ms, but its input (t0) is already swapped (free, chosen first), so swap it is.
+    # - idx (t8) waits from 21.5 to 61 ms, the input t0 from 10 to 64 ms: their round trips
+    #   hide -> swapped at no cost.
+    # - y0 (t2, 400 MB): 31 ms each way, 18.5 ms exposed; re-running conv0 + relu1 costs
+    #   10.5 ms -> recomputed before conv2's backward (op 15), and the swapped input it reads
+    #   comes back for that recomputation rather than for conv0's backward (op 17).
     hw = load_hardware("titan-x-maxwell")
     p = make_policy("hybrid").plan(NET, hw, 1500 * M)
-    assert of(p.actions, Drop) == [Drop(7, 5)]
-    assert of(p.actions, Recompute) == [Recompute((4,), 12, (7,))]
-    assert {a.tensor for a in of(p.actions, Offload)} == {0, 2, 8}
+    assert of(p.actions, Drop) == [Drop(2, 2), Drop(7, 5)]
+    assert of(p.actions, Recompute) == [Recompute((0, 1), 15, (2,)), Recompute((4,), 12, (7,))]
+    assert {a.tensor for a in of(p.actions, Offload)} == {0, 8}
+    assert {a.tensor: a.needed_by for a in of(p.actions, Prefetch)} == {0: 15, 8: 13}
     assert simulate(NET, hw, make_policy("hybrid"), EXACT, 1500 * M).report["fits"]
     # On the H100's 55 GB/s link at 1400 MB everything hides: swaps only.
     assert not of(plan("hybrid", 1400 * M).actions, Drop)

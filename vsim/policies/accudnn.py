@@ -16,6 +16,11 @@ least exposed time. Prefetches are issued just in time by the model (each ends a
 start, one H2D engine in need order), or later where the capacity does not allow. The plan is
 checked by one simulated iteration and re-planned with a tighter budget if that runs out of
 memory.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
@@ -24,9 +29,15 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .base import Plan, Policy, register
+from .base import Plan, Policy, choice, register
 from .layers import TraceView
-from .planning import Evictions, Usage, fit_by_profiling, jit_prefetch_slots
+from .planning import (
+    Evictions,
+    Usage,
+    algorithm_retimes,
+    fit_by_profiling,
+    jit_prefetch_slots,
+)
 
 
 def free_time_us(ev: Evictions, t: int) -> float:
@@ -42,16 +53,19 @@ class AccUDNN(Policy):
     name = "accudnn"
     description = ("AccUDNN: a performance model swaps the feature maps whose transfers hide "
                    "under compute, until the capacity is met")
+    algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
         plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda budget: self._plan(trace, hw, budget))
+                                       lambda b, f: self._plan(trace, hw, b, f))
         return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
                     wait_for_memory=plan.wait_for_memory)
 
-    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+    def _plan(self, trace: Trace, hw: Hardware, budget: int,
+              forced: frozenset[int] = frozenset()) -> Plan:
         view = TraceView(trace)
-        ev = Evictions(view, hw, Usage(view), budget, blocking=True)
+        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        ev = Evictions(view, hw, Usage(view, retimes), budget, blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         ft = {t: free_time_us(ev, t) for t in candidates}
         exposed = best_cost = 0.0
@@ -80,4 +94,5 @@ class AccUDNN(Policy):
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to swap there")
-        return Plan(actions=tuple(ev.actions()), notes=tuple(notes), wait_for_memory=True)
+        return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
+                    wait_for_memory=True)

@@ -8,13 +8,19 @@ weighs the two ways back. Here the trace is that measured iteration. For each sa
   for the copy out to end (Plan.wait_for_memory) when the D2H engine is still busy.
 - recompute: re-run the op that produced t (and any op that modified it in place) right before the
   back-access; the overhead is those ops' recorded time. Possible only if everything they read is
-  still on the device then (by the trace), and those inputs are then kept from eviction.
+  still held then (by the trace) and not dropped itself; an input that is swapped comes back for
+  the recomputation, and inputs of planned recomputations are never dropped.
 
 Selection, against the static profile (planning.py): while some slot exceeds the capacity, among
 the tensors whose eviction would cover that slot, evict the one with the least overhead per byte
 saved (Capuchin's memory saving per second), by its cheaper way. Swapped tensors come back just in
 time by the same timing model, or later where the capacity does not allow. The plan is checked by
 one simulated iteration and planned again with a tighter budget when that runs out of memory.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .base import Plan, Policy, register
+from .base import Plan, Policy, choice, register
 from .layers import TraceView
 from .planning import (
     Evictions,
     Usage,
+    algorithm_retimes,
     alive_in_trace,
     chain_inputs,
     fit_by_profiling,
@@ -42,39 +49,44 @@ class Hybrid(Policy):
     name = "hybrid"
     description = ("Capuchin-style: evict feature maps under memory pressure by swap or "
                    "recomputation, whichever costs less for that tensor")
+    algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
         plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda budget: self._plan(trace, hw, budget))
+                                       lambda b, f: self._plan(trace, hw, b, f))
         return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
                     wait_for_memory=plan.wait_for_memory)
 
-    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+    def _plan(self, trace: Trace, hw: Hardware, budget: int,
+              forced: frozenset[int] = frozenset()) -> Plan:
         view = TraceView(trace)
-        ev = Evictions(view, hw, Usage(view), budget, blocking=True)
+        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        ev = Evictions(view, hw, Usage(view, retimes), budget, blocking=True)
         cands = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         tl = ev.timeline
-        swap_cost: dict[int, float] = {}
-        for t in cands:
+
+        def swap_cost(t: int) -> float:
             size = view.tensor[t].size_bytes
             ft = (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
                   - tl.d2h_us(size) - tl.h2d_us(size))
-            swap_cost[t] = max(0.0, -ft)
+            return max(0.0, -ft)
+
         chains = {t: recompute_chain(view, t) for t in cands}
-        locked: set[int] = set()   # inputs of planned recomputations: stay on the device
+        inputs: set[int] = set()   # read by planned recomputations: may be swapped, not dropped
         spent = {"swap": 0.0, "recompute": 0.0}
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[float, int, int, str] | None = None
             for t in cands:
-                if t in ev.swaps or t in ev.drops or t in locked:
+                if t in ev.swaps or t in ev.drops:
                     continue
                 size = view.tensor[t].size_bytes
                 options = []
                 lo, hi = ev.swap_window(t)
                 if lo <= x < hi:
-                    options.append((swap_cost[t] + ev.blocking_us(t, x), "swap"))
+                    options.append((swap_cost(t) + ev.blocking_us(t, x), "swap"))
                 lo, hi = ev.drop_window(t)
-                if lo <= x < hi and self._recomputable(view, ev, chains[t], t, hi):
+                if lo <= x < hi and t not in inputs \
+                        and self._recomputable(view, ev, chains[t], hi):
                     options.append((sum(view.op[o].dur_us for o in chains[t]), "recompute"))
                 for cost, how in options:
                     key = (cost / max(size, 1), -size, t, how)
@@ -83,12 +95,22 @@ class Hybrid(Policy):
             if best is None:
                 break
             cost_per_byte, _, t, how = best
+            spent[how] += cost_per_byte * view.tensor[t].size_bytes
             if how == "swap":
                 ev.add_swap(t)
-            else:
-                ev.add_drop(t, chains[t])
-                locked |= chain_inputs(view, chains[t])
-            spent[how] += cost_per_byte * view.tensor[t].size_bytes
+                continue
+            # What the recomputation reads must be back by then: a swapped input's next need
+            # becomes the recomputation (Capuchin's recompute-after-swap).
+            before = ev.need(t)
+            for i in chain_inputs(view, chains[t]):
+                inputs.add(i)
+                if view.tensor[i].kind not in ("activation", "input"):
+                    continue
+                if i not in ev.needs or view.pos[before] < view.pos[ev.needs[i]]:
+                    ev.needs[i] = before
+                if i in ev.swaps:
+                    ev.add_swap(i, update=False)
+            ev.add_drop(t, chains[t])
         jit = jit_prefetch_slots(view, tl, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])
         notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} us exposed by the model), "
@@ -96,12 +118,15 @@ class Hybrid(Policy):
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to evict there")
-        return Plan(actions=tuple(ev.actions()), notes=tuple(notes), wait_for_memory=True)
+        return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
+                    wait_for_memory=True)
 
     @staticmethod
-    def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...], t: int,
+    def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...],
                       need_slot: int) -> bool:
+        """The recomputation reads only what the trace still holds then and nothing dropped
+        (swapped inputs come back for it)."""
         if not chain:
             return False
-        return all(alive_in_trace(view, i, need_slot) and i not in ev.swaps
-                   and i not in ev.drops for i in chain_inputs(view, chain))
+        return all(alive_in_trace(view, i, need_slot) and i not in ev.drops
+                   for i in chain_inputs(view, chain))

@@ -11,20 +11,37 @@ the layer `buffers - 1` layers above it starts (buffers=1: when its own backward
 when the device has no room for it by then (the fetch waits for a free buffer). A feature map that
 would be fetched back at the op right after it left (the loss's softmax) stays on the device.
 
+The plan is checked by one simulated iteration; where a convolution's workspace could not be
+allocated it is planned again with that convolution downgraded (algo=auto), and otherwise with
+fetches placed against a lower budget.
+
 Approximated: the buffers are not a separate pool of fixed slots; their bound shows as the
 prefetch distance, and a forward allocation that does not fit waits for offloads in flight
 (Plan.wait_for_memory), as a layer waits for its buffer to drain.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .base import Plan, Policy, register
+from .base import Plan, Policy, choice, register
 from .layers import TraceView
-from .planning import Evictions, Usage, apply_releases, liveness_releases
+from .planning import (
+    Evictions,
+    Usage,
+    algorithm_retimes,
+    apply_releases,
+    fit_by_profiling,
+    liveness_releases,
+)
 
 
 @register
@@ -34,17 +51,24 @@ class Layrub(Policy):
     description = ("Layrub: release after last use, migrate every layer's feature maps to the host "
                    "after the forward, fetch them back `buffers` layers ahead")
     buffers: int = 2
+    algo: str = choice("auto", "performance", "memory")
 
     def __post_init__(self) -> None:
         if self.buffers < 1:
             raise ValueError(f"buffers must be at least 1, got {self.buffers}")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda b, f: self._plan(trace, hw, b, f))
+        return dataclasses.replace(plan, notes=(*plan.notes, *notes))
+
+    def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
         view = TraceView(trace)
         releases = liveness_releases(view)
-        usage = Usage(view)
+        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        usage = Usage(view, retimes)
         apply_releases(usage, view, releases)
-        ev = Evictions(view, hw, usage, capacity_bytes)
+        ev = Evictions(view, hw, usage, budget)
         bwd_pos = {lay.first: j for j, lay in enumerate(view.bwd)}
         kept = 0
         ahead_of: dict[int, int] = {}
@@ -64,5 +88,5 @@ class Layrub(Policy):
         ev.place_prefetches(lambda s: view.start(ahead_of[s.tensor]))
         notes = [f"layrub: {kept} feature map(s) needed again within {self.buffers} layer(s) "
                  f"stay on the device"] if kept else []
-        return Plan(actions=(*releases, *ev.actions()), notes=tuple(notes),
+        return Plan(actions=(*releases, *ev.actions(), *retimes), notes=(*notes, *rnotes),
                     wait_for_memory=True)

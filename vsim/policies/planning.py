@@ -19,8 +19,47 @@ import numpy as np
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from .algorithms import SLOWDOWN_NOTE, memory_optimal_retimes
 from .base import Action, Drop, Offload, Plan, Policy, Prefetch, Recompute, Release, Retime
 from .layers import TraceView
+
+
+def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
+                      forced: frozenset[int] = frozenset()) -> tuple[list[Retime], list[str]]:
+    """Convolution algorithms for algo=performance (as recorded), memory (every convolution
+    without workspace, vDNN's (m)) or auto: only the convolutions whose working set cannot fit
+    the budget with their recorded workspace whatever is moved away, i.e. what the device must
+    hold while they run (everything the trace has alive then but the feature maps they neither
+    read nor write) plus the workspace exceeds the budget. That is what cuDNN-based frameworks
+    do when a workspace cannot be allocated (PyTorch falls back to an algorithm that needs
+    less; SuperNeurons sizes the workspace to the free memory). Under auto, the ops in `forced`
+    (whose workspace a profiling run could not allocate) are downgraded too."""
+    if algo == "performance":
+        return [], []
+    retimes, notes = memory_optimal_retimes(trace)
+    if algo == "memory":
+        return retimes, notes
+    usage = Usage(view)
+    keep = []
+    for r in retimes:
+        op = view.op[r.op]
+        if not any(view.tensor[t].kind == "workspace" for t in op.writes):
+            continue
+        slot = view.start(r.op)
+        touched = set(op.reads) | set(op.writes)
+        movable = sum(view.tensor[t].size_bytes for t in view.saved
+                      if t not in touched and alive_in_trace(view, t, slot))
+        if int(usage.bytes[slot]) - movable > budget or r.op in forced:
+            keep.append(r)
+    if not keep:
+        return [], []
+    estimated = sum(r.note == "estimated" for r in keep)
+    names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
+    out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
+           f"would not fit otherwise: {names}"]
+    if estimated:
+        out.append(f"{SLOWDOWN_NOTE} ({estimated} ops)")
+    return keep, out
 
 
 class Usage:
@@ -225,25 +264,43 @@ def check(trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int) -> dict[s
 
 
 def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,
-                     build: Callable[[int], Plan], tries: int = 6) -> tuple[Plan, list[str]]:
-    """Plan for a budget, run it once, and when the run does not fit lower the budget by what
-    the failed request lacked (at least 1% of the capacity) and plan again. Deterministic.
-    Returns the first plan that fits, or the last one tried, with notes saying which."""
+                     build: Callable[[int, frozenset[int]], Plan], tries: int = 8
+                     ) -> tuple[Plan, list[str]]:
+    """Plan for a budget, run it once, and when the run does not fit, plan again: if what could
+    not be allocated is a convolution's workspace, or the run stopped at a convolution that
+    would allocate one, with that convolution also run without workspace (`build`'s second
+    argument: the ops to downgrade, which a policy honours under algo=auto, as cuDNN frameworks
+    fall back when a workspace allocation fails); otherwise for a budget lowered by what the
+    failed request lacked (at least 1% of the capacity).
+    Deterministic. Returns the first plan that fits, or the first one tried, with notes."""
     budget = capacity_bytes
-    first = plan = build(budget)
+    forced: frozenset[int] = frozenset()
+    first = plan = build(budget, forced)
+    tensors = trace.tensor_by_id()
+    ops = {o.id: o for o in trace.ops}
+    i = 0
     for i in range(tries):
         report = check(trace, hw, plan, capacity_bytes)
         if report["fits"]:
-            if i:
+            if budget < capacity_bytes:
                 return plan, [f"planned for {budget} B after {i} profiling run(s) did not fit"]
             return plan, []
         oom = report["oom"]
         assert isinstance(oom, dict)
-        short = int(oom["need_bytes"]) - int(oom["free_bytes"])
-        budget -= max(short, capacity_bytes // 100)
-        if budget <= 0:
-            break
-        plan = build(budget)
+        failed = tensors.get(int(oom["tensor"]))
+        at = oom["op"]
+        at_ws = at is not None and any(tensors[t].kind == "workspace" for t in ops[int(at)].writes)
+        if failed is not None and failed.kind == "workspace" and failed.producer is not None \
+                and failed.producer not in forced:
+            forced = forced | {failed.producer}
+        elif at_ws and int(at) not in forced:
+            forced = forced | {int(at)}  # the op it ran out at would need its workspace too
+        else:
+            short = int(oom["need_bytes"]) - int(oom["free_bytes"])
+            budget -= max(short, capacity_bytes // 100)
+            if budget <= 0:
+                break
+        plan = build(budget, forced)
     return first, [f"no plan found that fits {capacity_bytes} B in {i + 1} profiling run(s); "
                    f"this is the plan for the full capacity"]
 

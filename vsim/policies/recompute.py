@@ -19,27 +19,41 @@ Strategies:
   their drop and the recomputation) and the checkpoints of the segments before s. The DP keeps,
   for each cut, the Pareto set of (checkpoint bytes so far, recomputation time). The result is
   checked against the static profile and one simulated iteration, and planned again with a
-  tighter budget when either exceeds the capacity. With no segmentation that fits, it falls back
-  to sqrt and says so.
+  tighter budget when either exceeds the capacity. Under algo=auto, while no segmentation fits,
+  the convolution with the largest workspace runs without it and the DP tries again; with none
+  left, it falls back to sqrt and says so.
 
 A segment is only cut where its recomputation can read what it needs: every tensor it reads from
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
 feature maps.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .base import Action, Drop, Plan, Policy, choice, register
+from .base import Action, Drop, Plan, Policy, Retime, choice, register
 from .base import Recompute as RecomputeAction
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, chain_inputs, fit_by_profiling, rebuild_chain
+from .planning import (
+    Usage,
+    algorithm_retimes,
+    alive_in_trace,
+    chain_inputs,
+    fit_by_profiling,
+    rebuild_chain,
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +72,10 @@ class SegmentCost:
 class Segmenter:
     """Cost and memory of each candidate segment of a trace."""
 
-    def __init__(self, view: TraceView) -> None:
+    def __init__(self, view: TraceView, retimes: Sequence[Retime] = ()) -> None:
         self.view = view
+        self.retimes = tuple(retimes)
+        self.no_workspace = {r.op for r in retimes if r.workspace_bytes == 0}
         # Maps the trace never frees (the loss value) would live on once recomputed: not worth
         # dropping, and they would stretch a segment's span to the iteration's end.
         self.saved = {t for t in view.saved if view.tensor[t].kind == "activation"
@@ -124,9 +140,9 @@ class Segmenter:
         chain = rebuild_chain(view, ops, dropped, slot)
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
-        transient = sum(view.tensor[t].size_bytes for o in chain for t in view.op[o].writes
-                        if t not in drop_set and not alive_in_trace(view, t, slot))
-        us = sum(view.op[o].dur_us for o in chain)
+        transient = self.transient_bytes(chain, drop_set, slot)
+        durs = {r.op: r.dur_us for r in self.retimes}
+        us = sum(durs.get(o, view.op[o].dur_us) for o in chain)
         return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid,
                            (fwd_span, bwd_span))
 
@@ -153,20 +169,25 @@ class Segmenter:
             total += c.recompute_us
         return acts, total, invalid
 
+    def transient_bytes(self, chain: Sequence[int], rebuilt: set[int], slot: int) -> int:
+        """What a recomputation allocates only while it runs: what its ops write that is not
+        rebuilt for good and not on the device by then (intermediates, workspaces)."""
+        view = self.view
+        return sum(view.tensor[t].size_bytes for o in chain for t in view.op[o].writes
+                   if t not in rebuilt and not alive_in_trace(view, t, slot)
+                   and not (view.tensor[t].kind == "workspace" and o in self.no_workspace))
+
     def usage(self, acts: list[Action]) -> Usage:
         """The static profile under these drops and recomputations."""
         view = self.view
-        u = Usage(view)
+        u = Usage(view, self.retimes)
         back: dict[int, int] = {}
         for act in acts:
             if isinstance(act, RecomputeAction):
                 slot = view.before(act.before_op)
                 for t in act.tensors:
                     back[t] = slot
-                drop_set = set(act.tensors)
-                u.add(sum(view.tensor[t].size_bytes for o in act.ops for t in view.op[o].writes
-                          if t not in drop_set and not alive_in_trace(view, t, slot)),
-                      slot, slot + 1)
+                u.add(self.transient_bytes(act.ops, set(act.tensors), slot), slot, slot + 1)
         for act in acts:
             if isinstance(act, Drop):
                 u.remove(view.tensor[act.tensor].size_bytes, view.end(act.after_op),
@@ -248,7 +269,7 @@ class Segmenter:
 
     def base_without_saved(self) -> np.ndarray:
         view = self.view
-        u = Usage(view)
+        u = Usage(view, self.retimes)
         for t in self.saved:
             u.remove(view.tensor[t].size_bytes, view.alloc_slot(t), view.free_slot(t))
         return u.bytes
@@ -261,48 +282,82 @@ class Checkpointing(Policy):
     description = ("gradient checkpointing (Chen et al. 2016): drop feature maps inside segments, "
                    "recompute each segment in backward; every-k, sqrt or optimal (least "
                    "recomputation that fits, by dynamic programming)")
-    strategy: str = choice("sqrt", "every-k", "optimal")
+    strategy: str = choice("optimal", "sqrt", "every-k")
     k: int = 2
+    algo: str = choice("auto", "performance", "memory")
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        seg = Segmenter(TraceView(trace))
-        if seg.n == 0:
-            return Plan(notes=("recompute: no saved feature maps to drop",))
+        view = TraceView(trace)
         if self.strategy == "optimal":
             plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                           lambda budget: self._optimal(seg, budget))
+                                           lambda b, f: self._optimal(trace, view, b, f))
             return Plan(actions=plan.actions, notes=(*plan.notes, *notes))
-        k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(seg.n)))
-        return self._fixed(seg, k)
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda b, f: self._every(trace, view, b, f))
+        return Plan(actions=plan.actions, notes=(*plan.notes, *notes))
 
-    def _fixed(self, seg: Segmenter, k: int, why: str = "") -> Plan:
-        cuts = [*range(k, seg.n, k), seg.n]
-        return self._plan(seg, cuts, f"recompute: a checkpoint every {k} of {seg.n} layers{why}")
+    def _every(self, trace: Trace, view: TraceView, budget: int, forced: frozenset[int]) -> Plan:
+        """every-k or sqrt: the segmentation ignores the capacity; only algo=auto's workspace
+        fallback depends on it."""
+        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        seg = Segmenter(view, retimes)
+        k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(max(seg.n, 1))))
+        return self._fixed(seg, k, rnotes)
 
-    def _plan(self, seg: Segmenter, cuts: list[int], what: str) -> Plan:
+    def _fixed(self, seg: Segmenter, k: int, rnotes: list[str], why: str = "") -> Plan:
+        cuts = [*range(k, seg.n, k), seg.n] if seg.n else []
+        return self._plan(seg, cuts, f"recompute: a checkpoint every {k} of {seg.n} layers{why}",
+                          rnotes)
+
+    def _plan(self, seg: Segmenter, cuts: list[int], what: str, rnotes: list[str]) -> Plan:
         acts, us, invalid = seg.actions(cuts)
         notes = [f"{what}: {len(cuts)} segment(s), {us:.0f} us of recomputation planned"]
         if invalid:
             notes.append(f"recompute: {invalid} segment(s) keep their feature maps: their "
                          f"recomputation would read a tensor the trace has freed by then")
-        return Plan(actions=tuple(acts), notes=tuple(notes))
+        return Plan(actions=(*acts, *seg.retimes), notes=(*notes, *rnotes))
 
-    def _optimal(self, seg: Segmenter, budget: int) -> Plan:
+    def _optimal(self, trace: Trace, view: TraceView, budget: int,
+                 forced: frozenset[int] = frozenset()) -> Plan:
+        """The DP; under algo=auto, while no segmentation fits, the convolution with the
+        largest workspace still recorded runs without it and the DP tries again (checkpoints
+        cannot move, so a workspace next to them may have to go, as in vDNN_dyn's downgrade)."""
+        workspaces = sorted(((view.tensor[t].size_bytes, o.id) for o in view.ops
+                             for t in o.writes if view.tensor[t].kind == "workspace"),
+                            reverse=True)
+        while True:
+            retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+            seg = Segmenter(view, retimes)
+            if seg.n == 0:
+                return self._fixed(seg, 1, rnotes)
+            cuts = self._cuts(seg, budget)
+            if cuts is not None:
+                return self._plan(seg, cuts, "recompute optimal", rnotes)
+            done = {r.op for r in retimes}
+            left = [o for _, o in workspaces if o not in done]
+            if self.algo != "auto" or not left:
+                k = max(1, round(math.sqrt(seg.n)))
+                return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the "
+                                                   f"model: fell back to sqrt)")
+            forced = forced | {left[0]}
+
+    @staticmethod
+    def _cuts(seg: Segmenter, budget: int) -> list[int] | None:
+        """Optimal cuts whose static profile fits `budget` (the DP's model is tightened by the
+        excess when the profile disagrees), or None."""
         base = seg.base_without_saved()
         target = budget
         for _ in range(6):
             cuts = seg.optimal(target, base)
             if cuts is None:
-                k = max(1, round(math.sqrt(seg.n)))
-                return self._fixed(seg, k, f" (no segmentation fits {budget} B by the model: "
-                                           f"fell back to sqrt)")
+                return None
             acts, _, _ = seg.actions(cuts)
             peak = seg.usage(acts).peak
             if peak <= budget:
-                break
+                return cuts
             target -= peak - budget
-        return self._plan(seg, cuts, "recompute optimal")
+        return None

@@ -21,6 +21,11 @@
 The plan is checked with one simulated iteration and re-planned against a tighter budget when the
 check runs out of memory (planning.fit_by_profiling): SuperNeurons' runtime decides evictions as
 allocations fail, which a static plan can only approximate.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .planning import (
     Evictions,
     Swap,
     Usage,
+    algorithm_retimes,
     alive_in_trace,
     apply_releases,
     chain_inputs,
@@ -117,20 +123,24 @@ class SuperNeurons(Policy):
     description = ("SuperNeurons: liveness release, cost-aware recomputation of cheap layers, LRU "
                    "offload of CONV outputs under memory pressure with prefetch at backward CONVs")
     recompute: str = choice("auto", "speed", "memory", "off")
+    algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
         plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda budget: self._plan(trace, hw, budget))
+                                       lambda b, f: self._plan(trace, hw, b, f))
         return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
                     pinned_pool_bytes=plan.pinned_pool_bytes, wait_for_memory=True)
 
-    def _plan(self, trace: Trace, hw: Hardware, budget: int) -> Plan:
+    def _plan(self, trace: Trace, hw: Hardware, budget: int,
+              forced: frozenset[int] = frozenset()) -> Plan:
         view = TraceView(trace)
         actions: list[Action] = []
         # 1. liveness
         releases = liveness_releases(view)
         actions += releases
-        usage = Usage(view)
+        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        actions += retimes
+        usage = Usage(view, retimes)
         apply_releases(usage, view, releases)
         # 2. cost-aware recomputation, per segment
         needs: dict[int, int] = {}
@@ -191,7 +201,7 @@ class SuperNeurons(Policy):
                 ev.add_swap(best[1])
                 n_others += pool is others
         ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
-        notes = []
+        notes = list(rnotes)
         if n_speed or n_memory or n_skipped:
             notes.append(f"superneurons: {n_speed} segment(s) recomputed speed-centric, "
                          f"{n_memory} memory-centric, {n_skipped} kept (their recomputation "

@@ -11,23 +11,39 @@ Prefetches are issued as early as memory allows: in order of need, each from the
 backward pass (or the first op after its offload is gone) at the earliest op from which keeping it
 on the device until its reader stays within the capacity, by the static profile (planning.py).
 
+The plan is checked by one simulated iteration; where a convolution's workspace could not be
+allocated it is planned again with that convolution downgraded (algo=auto), and otherwise with
+prefetches placed against a lower budget.
+
 Host side: one pinned pool, sized to the most bytes away at once and reused across tensors
 (Plan.pinned_pool_bytes), instead of a pinned buffer per offloaded tensor.
 
 Not modelled: vDNN++'s allocation-order and placement heuristics against fragmentation act on
 the allocator; with the exact allocator there is no fragmentation to cut.
+
+Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from algorithms.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .algorithms import memory_optimal_retimes
 from .base import Plan, Policy, choice, register
 from .layers import TraceView
-from .planning import Evictions, Swap, Usage, host_pool_bytes
+from .planning import (
+    Evictions,
+    Swap,
+    Usage,
+    algorithm_retimes,
+    fit_by_profiling,
+    host_pool_bytes,
+)
 from .vdnn import offload_sets
 
 
@@ -38,12 +54,17 @@ class VDNNPlusPlus(Policy):
     description = ("vDNN++: vDNN's offloads without per-layer sync, prefetch as early as memory "
                    "allows, a reused pinned host pool")
     mode: str = choice("all", "conv")
-    algo: str = choice("performance", "memory")
+    algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
+                                       lambda b, f: self._plan(trace, hw, b, f))
+        return dataclasses.replace(plan, notes=(*plan.notes, *notes))
+
+    def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
         view = TraceView(trace)
-        retimes, notes = memory_optimal_retimes(trace) if self.algo == "memory" else ([], [])
-        ev = Evictions(view, hw, Usage(view, retimes), capacity_bytes)
+        retimes, notes = algorithm_retimes(trace, view, self.algo, budget, forced)
+        ev = Evictions(view, hw, Usage(view, retimes), budget)
         for i, xs in sorted(offload_sets(view, self.mode).items()):
             lay = view.fwd[i]
             for x in xs:
