@@ -136,3 +136,28 @@ def test_accounting_identity(name, ops):
     for block in live:
         a.free(block)
     assert a.allocated_bytes == 0
+
+
+def test_replay_serves_the_recorded_sequence_and_creates_optimizer_state_at_the_first_step():
+    from builders import op, tensor, trace
+
+    from vsim.allocator.replay import replay_allocator
+    from vsim.trace.schema import MemEvent
+
+    ops = [op(0, 0, 10), op(1, 10, 10, phase="bwd"), op(2, 20, 1, phase="opt")]
+    tr = trace(ops, [tensor(0, 4 * MiB, "weight"), tensor(1, 4 * MiB, "optimizer_state")])
+    events = (MemEvent("alloc", 0, 0xA, 12 * MiB, op=0),
+              MemEvent("free_completed", 10, 0xA, 12 * MiB, op=1),
+              MemEvent("alloc", 20, 0xB, 1000, op=2),
+              MemEvent("free_completed", 21, 0xB, 1000, op=2))
+    tr = type(tr)(tr.meta, tr.tensors, tr.ops, mem_events=events)
+    # Weight: a 20 MiB segment, split (16 MiB free). The 12 MiB request fits that free block.
+    # It is freed before the optimizer runs; momentum (4 MiB) is created at the first opt
+    # event, from the same segment; the 1000 B request opens a 2 MiB small segment.
+    # One iteration: peak allocated 4 + 12 = 16 MiB (momentum not yet there), reserved 22 MiB.
+    one = replay_allocator(tr, make_allocator("caching"), 1 << 30, iterations=1)
+    assert one.peak_allocated_bytes == 16 * MiB
+    assert one.peak_reserved_bytes == 22 * MiB
+    # Second iteration: momentum lives throughout: 4 + 4 + 12 = 20 MiB, still in 22 MiB.
+    two = replay_allocator(tr, make_allocator("caching"), 1 << 30, iterations=2)
+    assert two.peak_allocated_bytes == 20 * MiB and two.peak_reserved_bytes == 22 * MiB

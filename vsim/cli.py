@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("inspect", help="validate and summarise a trace")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--replay-allocator", metavar="SPEC",
+                   help="also replay the recorded allocator events through this allocator "
+                   "model (e.g. caching) and compare its peaks with the measured ones")
     p.set_defaults(handler=cmd_inspect)
 
     p = verbs.add_parser("list", help="policies, allocators, hardware profiles and models")
@@ -245,7 +248,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import summarize
     from .trace import load_trace
 
-    summary = summarize(load_trace(args.trace))
+    trace = load_trace(args.trace)
+    summary = summarize(trace)
+    if args.replay_allocator:
+        summary["allocator_replay"] = _allocator_replay(trace, args.replay_allocator)
     if args.json:
         _emit_json(summary)
         return 0
@@ -263,12 +269,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  span         {format_time(summary['span_us'])} "
           f"(ops {format_time(summary['op_time_us'])})")
     print(f"  peak (replay) {format_size(summary['replay_peak_bytes'])}")
+    replay = summary.get("allocator_replay")
+    if replay:
+        print(f"  allocator replay ({replay['allocator']}): peak allocated "
+              f"{format_size(replay['peak_allocated_bytes'])}, peak reserved "
+              f"{format_size(replay['peak_reserved_bytes'])}"
+              + (f" ({replay['reserved_error'] * 100:+.1f}% against measured)"
+                 if replay["reserved_error"] is not None else ""))
     if summary["measured"]:
         ms = summary["measured"]
         print(f"  measured     iteration {format_time(ms['iteration_time_us'])}, peak allocated "
               f"{format_size(ms['peak_allocated_bytes'])}, peak reserved "
               f"{format_size(ms['peak_reserved_bytes'])}")
     return 0
+
+
+def _allocator_replay(trace: Any, spec_text: str) -> dict[str, Any]:
+    from .allocator import make_allocator
+    from .allocator.replay import replay_allocator
+    from .engine import allocator_spec_string
+
+    spec = make_allocator(spec_text)
+    capacity = 2**50  # no cap: what the model reserves for this sequence
+    r = replay_allocator(trace, spec, capacity)
+    m = trace.measured
+    return {"allocator": allocator_spec_string(spec),
+            "peak_allocated_bytes": r.peak_allocated_bytes,
+            "peak_reserved_bytes": r.peak_reserved_bytes, "events": r.events,
+            "reserved_error": None if m is None or not m.peak_reserved_bytes else
+            r.peak_reserved_bytes / m.peak_reserved_bytes - 1}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
