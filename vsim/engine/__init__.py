@@ -68,7 +68,10 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
     with producers and consumers mapped to the new ids, copies and allocator events as run."""
     new_id: dict[int, int] = {}
     ops: list[Op] = []
-    for i, ex in enumerate(sorted(out.executed, key=lambda e: (e.start_us, e.op.stream))):
+    # By start time, ties in the order the ops ended (a stable sort of `executed`, which is
+    # appended as ops end): an op that waited on a zero-length op starting at the same instant
+    # on another stream comes after it, so deps and uses still point backwards.
+    for i, ex in enumerate(sorted(out.executed, key=lambda e: e.start_us)):
         op = ex.op
         attrs = dict(op.attrs)
         attrs["stall_us"] = ex.stall_us
@@ -87,9 +90,9 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
                       deps=tuple(new_id[d] for d in op.deps if d in new_id), kernels=(),
                       flops=op.flops, dram_bytes=op.dram_bytes,
                       attrs=tuple(sorted(attrs.items()))))
+    # An out-of-memory run stops part-way: keep only the tensors of ops that ran, so the
+    # predicted trace stays valid (every op in `ops` ran, so their writes are all kept).
     ran = set(new_id)
-    # An out-of-memory run stops part-way: keep only what happened, so the trace stays valid.
-    ops = [_trim(op, ran, trace) for op in ops]
     tensors = tuple(
         Tensor(t.id, t.size_bytes, t.kind, t.name,
                None if t.producer is None else new_id.get(t.producer),
@@ -112,11 +115,3 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
                                "reserved_MiB": round(r / 2**20, 3)}}
                      for t, (a, r) in sorted(points.items()))
     return dataclasses.replace(predicted, counters=counters)
-
-
-def _trim(op: Op, ran: set[int], trace: Trace) -> Op:
-    if not op.writes:
-        return op
-    by_id = trace.tensor_by_id()
-    writes = tuple(t for t in op.writes if by_id[t].producer in ran)
-    return op if writes == op.writes else Op(**{**op.__dict__, "writes": writes})
