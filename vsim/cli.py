@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "when several policies are given)")
     p.add_argument("--timeline", help="write the predicted trace (Perfetto-viewable) here")
     p.add_argument("--plot", help="write a PNG of memory over time and stream activity here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hypothetical GPU: change a profile value, with its unit "
+                   "(gpu.memory=24GiB, compute.peak.fp32=20TFLOP/s, compute.dram_bandwidth="
+                   "1TB/s, link.h2d.pinned.bandwidth=32GB/s, link.bandwidth=16GB/s, ...); "
+                   "repeatable")
+    p.add_argument("--no-retarget", action="store_true", help="keep the recorded op times "
+                   "when the trace comes from another GPU (default: retarget them through "
+                   "the compute model)")
     p.set_defaults(handler=cmd_run)
 
     p = verbs.add_parser("inspect", help="validate and summarise a trace")
@@ -165,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .engine import simulate
     from .hardware import load_hardware
     from .policies import make_policy
+    from .retarget import for_hardware, hardware_with_overrides
     from .trace import load_trace, save_trace
 
     specs = args.policy or ["none"]
@@ -175,10 +184,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             _check_output(path, flag)
     # Parse every input before simulating anything, so bad input fails fast and writes nothing.
     capacity = _capacity(args.memory)
-    hw = load_hardware(args.hw)
+    hw = hardware_with_overrides(args.hw, args.set) if args.set else load_hardware(args.hw)
     policies = [make_policy(s) for s in specs]
     allocator = make_allocator(args.allocator)
     trace = load_trace(args.trace)
+    trace, retarget_note = for_hardware(trace, hw, enabled=not args.no_retarget)
+    if retarget_note and not args.json:
+        _progress(f"note: {retarget_note}")
     _check_capacity(args.trace, trace, hw, capacity)
     if capacity is not None and capacity > hw.capacity_bytes and not args.json:
         _progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
@@ -236,6 +248,9 @@ def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                          f"{format_size(o['need_bytes'])}, {format_size(o['free_bytes'])} free")
         for note in r["notes"]:
             lines.append(f"{r['policy']}: {note}")
+    if first.get("retargeted_from"):
+        lines.append(f"op times retargeted from {first['retargeted_from']} to "
+                     f"{first['hardware']} through the compute model")
     measured = first.get("measured")
     if measured:
         lines.append(f"measured (no policy, on {meta.get('device', '?')}): iteration "
@@ -451,7 +466,8 @@ def _add_sweep_and_compare(verbs: Any) -> None:
                    help="allocator specs (default: exact)")
     p.add_argument("-o", "--output", action="append", help="results file, .csv or .jsonl "
                    "(repeat for both); configurations already in it are skipped")
-    p.add_argument("--workers", type=int, help="local processes (default: the CPU count)")
+    p.add_argument("--workers", type=int,
+                   help="local processes (default: the CPUs this process may use)")
     p.add_argument("--scheduler", help="Dask scheduler address tcp://HOST:PORT (needs "
                    "vsim[sweep]); workers must see the trace files at the same paths")
     p.add_argument("--plot", metavar="DIR", help="write the sweep's plots (PNG) into DIR")
