@@ -9,7 +9,7 @@ from builders import chain
 
 from vsim.cli import main
 from vsim.errors import ConfigError
-from vsim.plots import largest_batch, plot_sweep
+from vsim.plots import _series, largest_batch, plot_sweep
 from vsim.sweep import (
     KEY_COLUMNS,
     ResultWriter,
@@ -222,6 +222,9 @@ def test_largest_batch_and_plots(traces, tmp_path, capsys):
     assert table["none:algo=performance"] == {512 * MIB: 1, GIB: 2, 2 * GIB: 4}
     assert all(table["vdnn:mode=all,algo=performance"][c] >= b
                for c, b in table["none:algo=performance"].items())
+    # Series keep one order (so one colour in every panel) whatever order rows arrive in.
+    assert list(_series(rows)) == list(_series(rows[::-1])) == [
+        "none:algo=performance", "vdnn:mode=all,algo=performance"]
     (tmp_path / "again").mkdir()
     written = plot_sweep(rows, str(tmp_path / "again"))
     names = sorted(os.path.basename(p) for p in written)

@@ -165,14 +165,27 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows by policy (and allocator, when the rows have several), in first-seen order."""
-    several = len({r.get("allocator") for r in rows}) > 1
+def _series(rows: list[dict[str, Any]], several_allocators: bool | None = None
+            ) -> dict[str, list[dict[str, Any]]]:
+    """Rows by policy (and allocator, when the rows have several), ordered by name with `none`
+    first: the same order (and so the same colour) whatever order the rows came in."""
+    if several_allocators is None:
+        several_allocators = len({r.get("allocator") for r in rows}) > 1
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        name = str(r.get("policy")) + (f" / {r.get('allocator')}" if several else "")
+        name = str(r.get("policy")) + (f" / {r.get('allocator')}" if several_allocators else "")
         out.setdefault(name, []).append(r)
-    return out
+    return dict(sorted(out.items(), key=lambda kv: (not kv[0].startswith("none"), kv[0])))
+
+
+def _style(name: str, i: int) -> dict[str, Any]:
+    """The i-th series' look; no policy is black and drawn above the others (it is the
+    reference, and the policies that leave everything on the GPU sit on top of it)."""
+    if name.startswith("none"):
+        return {"color": "black", "marker": "o", "markersize": 4, "linestyle": "-",
+                "linewidth": 1.6, "zorder": 4}
+    return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)], "markersize": 3.5,
+            "linestyle": _LINES[i % len(_LINES)], "linewidth": 1.3, "zorder": 2}
 
 
 def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
@@ -184,17 +197,18 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.2 * ncols), 3.8 * nrows + 1.2),
                              squeeze=False, sharey=True)
     handles: dict[str, Any] = {}
+    several = len({r.get("allocator") for r in rows}) > 1
+    index = {name: i for i, name in enumerate(_series(rows, several))}  # one style per series
     for ax, batch in zip(axes.flat, batches, strict=False):
         sel = [r for r in rows if r.get("trace.batch_size") == batch]
         ax.axhline(1.0, color="gray", linewidth=1)
-        for i, (name, rs) in enumerate(_series(sel).items()):
+        for name, rs in _series(sel, several).items():
+            i = index[name]
             pts = sorted((r["capacity_bytes"] / GIB, r["slowdown"]) for r in rs
                          if r.get("fits") and r.get("slowdown") is not None)
             if not pts:
                 continue
-            (line,) = ax.plot(*zip(*pts, strict=True), marker=_MARKERS[i % len(_MARKERS)],
-                              linestyle=_LINES[i % len(_LINES)], markersize=3.5, linewidth=1.3,
-                              label=name, color=f"C{i % 10}")
+            (line,) = ax.plot(*zip(*pts, strict=True), label=name, **_style(name, i))
             handles.setdefault(name, line)
         ax.set_title(f"{_model(sel[0])} batch {batch} on {sel[0].get('hardware')}",
                      fontsize=10)
@@ -204,6 +218,7 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
         ax.set_ylabel("slowdown (x no policy, ample memory)")
     for ax in list(axes.flat)[len(batches):]:
         ax.set_visible(False)
+    handles = {name: handles[name] for name in index if name in handles}
     ncol = 2 if ncols == 1 else 3
     legend_rows = -(-len(handles) // ncol) + 1
     bottom = min(0.5, 0.22 * legend_rows / fig.get_figheight())
@@ -243,9 +258,7 @@ def plot_max_batch(rows: list[dict[str, Any]], path: str) -> None:
         x = [c / GIB for c in caps]
         nudge = 1 + 0.012 * (i - (n - 1) / 2)  # on a log axis: the same gap at every batch
         y = [best[c] * nudge if best[c] else np.nan for c in caps]
-        ax.step(x, y, where="post", marker=_MARKERS[i % len(_MARKERS)], markersize=3.5,
-                linestyle=_LINES[i % len(_LINES)], linewidth=1.4, label=name,
-                color=f"C{i % 10}")
+        ax.step(x, y, where="post", label=name, **_style(name, i))
     ax.set_yscale("log", base=2)
     ax.set_yticks(batches, [str(b) for b in batches])
     ax.minorticks_off()
