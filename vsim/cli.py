@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_calibrate)
     _add_sweep_and_compare(verbs)
+    _add_compute_verbs(verbs)
     return parser
 
 
@@ -610,3 +611,63 @@ def format_comparison(result: dict[str, Any]) -> str:
     if a["from_measured_block"] or b["from_measured_block"]:
         lines.append("* from the trace's measured block (timed without the profiler)")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ compute model (issue 6)
+
+def _add_compute_verbs(verbs: Any) -> None:
+    p = verbs.add_parser("fit-compute", help="fit the compute model's per-class efficiencies "
+                         "to traces recorded on one GPU")
+    p.add_argument("traces", nargs="+", help="recorded traces (with kernels)")
+    p.add_argument("--hw", required=True, help="the profile of the GPU they were recorded on")
+    p.add_argument("-o", "--output", required=True, help="efficiency file to write, e.g. "
+                   "hardware/efficiency/h100-sxm.yaml")
+    p.add_argument("--source", help="provenance source text (default: names the traces)")
+    p.add_argument("--date", help="provenance date (default: today)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_fit_compute)
+
+
+def cmd_fit_compute(args: argparse.Namespace) -> int:
+    import datetime
+
+    from .compute import efficiencies_to_yaml, fit, read_efficiencies
+    from .hardware import load_hardware
+    from .trace import load_trace
+
+    _check_output(args.output, "-o")
+    hw = load_hardware(args.hw)
+    traces = [(Path(t).name, load_trace(t)) for t in args.traces]
+    for path, (_, t) in zip(args.traces, traces, strict=True):
+        if t.meta.get("hardware") not in (None, hw.name):
+            raise ConfigError(f"recorded on {t.meta.get('hardware')}, not {hw.name}", path)
+    provenance = {
+        "source": args.source or f"vsim fit-compute over {', '.join(n for n, _ in traces)}",
+        "date": args.date or datetime.date.today().isoformat(),
+        "method": "per op class, a grid search of (compute, dram, overhead, output-channel "
+                  "ramp) minimising sum(busy x (model/busy - 1)^2) over every op with kernels "
+                  "(busy = the sum of its kernel durations), then the rate terms scaled so that "
+                  "each class's summed model time equals its summed busy time; implicit_gemm = "
+                  "the gemm class's compute fraction (fp32 GEMMs: an assumption for vDNN's "
+                  "memory-optimal convolutions, not measured)"}
+    eff, report = fit(traces, hw, provenance=provenance)
+    tmp = Path(args.output).with_suffix(".tmp")
+    tmp.write_text(efficiencies_to_yaml(eff, report))
+    read_efficiencies(tmp)  # what we write must load
+    tmp.replace(args.output)
+    if args.json:
+        _emit_json(report)
+        return 0
+    print(f"{'class':12} {'compute':>8} {'dram':>8} {'overhead':>9} {'ramp':>10} {'ops':>5} "
+          f"{'busy ms':>9}  median op error")
+    for cls, e in eff.classes.items():
+        r = report["classes"].get(cls, {})
+        ramp = f"{e.ramp_channels:.0f}^{e.ramp_power:g}" if e.ramp_channels else "-"
+        print(f"{cls:12} {e.compute * 100:7.1f}% {e.dram * 100:7.1f}% {e.overhead_us:7.1f}us "
+              f"{ramp:>10} {r.get('ops', 0):5} {r.get('busy_ms', 0):9.2f}  "
+              f"{r.get('median_abs_op_error', '-')}")
+    print(f"\n{'trace':40} {'busy ms':>9} {'model ms':>9} {'error':>7}")
+    for name, r in report["traces"].items():
+        print(f"{name[:40]:40} {r['busy_ms']:9.2f} {r['model_ms']:9.2f} {r['error']:>7}")
+    print(f"wrote {args.output}")
+    return 0
