@@ -647,9 +647,9 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
         "method": "per op class, a grid search of (compute, dram, overhead, output-channel "
                   "ramp) minimising sum(busy x (model/busy - 1)^2) over every op with kernels "
                   "(busy = the sum of its kernel durations), then the rate terms scaled so that "
-                  "each class's summed model time equals its summed busy time; implicit_gemm = "
-                  "the gemm class's compute fraction (fp32 GEMMs: an assumption for vDNN's "
-                  "memory-optimal convolutions, not measured)"}
+                  "each class's summed model time equals its summed busy time; implicit_gemm "
+                  "(vDNN's memory-optimal convolutions: cuDNN's IMPLICIT_GEMM, FP32 FMA "
+                  "kernels) is assumed at 50% of the fp32 peak, not measured"}
     eff, report = fit(traces, hw, provenance=provenance)
     tmp = Path(args.output).with_suffix(".tmp")
     tmp.write_text(efficiencies_to_yaml(eff, report))

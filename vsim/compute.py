@@ -20,9 +20,9 @@ flops is taken as compute-bound (its time scales with the peak rate).
 
 Classes: conv_fwd, conv_bwd (the algorithm the recording used: cuDNN's pick with its workspace,
 vDNN's (p)), gemm, attention, elementwise, pool, norm, optimizer. vDNN's memory-optimal (m)
-variant of a convolution (implicit GEMM, no workspace) runs at the hardware's `implicit_gemm`
-efficiency of the fp32 peak (no tensor cores: no layout transform, hence no workspace); never
-faster than the (p) time.
+variant of a convolution (cuDNN's IMPLICIT_GEMM, no workspace) runs at the hardware's
+`implicit_gemm` fraction of the fp32 peak (FP32 FMA kernels, no tensor cores; an assumption, see
+IMPLICIT_GEMM_ASSUMED), with the same channel ramp; never faster than the (p) time.
 
 The precision of an op follows the trace's meta: convolutions use TF32 when `meta.tf32.cudnn`
 (PyTorch's default) and the GPU has a tf32 peak, GEMMs when `meta.tf32.matmul`; fp16/bf16 dtypes
@@ -48,6 +48,11 @@ COMPUTE_CLASSES = ("conv_fwd", "conv_bwd", "gemm", "attention")
 MEMORY_CLASSES = ("elementwise", "pool", "norm", "optimizer")
 CLASSES = COMPUTE_CLASSES + MEMORY_CLASSES
 DEFAULT_EFFICIENCY = "h100-sxm"  # the fit used for a profile that has none of its own
+# vDNN's memory-optimal algorithm is cuDNN's IMPLICIT_GEMM (algo 0, no workspace), run by FP32
+# FMA kernels (implicit_convolve_sgemm: no tensor cores, im2col indices recomputed per tile).
+# None of the recordings times it; half of the fp32 peak is an assumption (cuBLAS SGEMM reaches
+# 73% on the H100, hardware/efficiency/h100-sxm.yaml's gemm class), stated in each fit's file.
+IMPLICIT_GEMM_ASSUMED = 0.5
 
 _GEMM_NAMES = re.compile(r"(^|::)(linear|addmm|mm|bmm|matmul|baddbmm)$|^(Addmm|Mm|Bmm|Linear|"
                          r"Matmul|Baddbmm)Backward")
@@ -207,6 +212,34 @@ def memory_algo_time_us(cost: OpCost, hw: Hardware, eff: Efficiencies,
     t_compute = cost.flops / (hw.peak_flops_per_us["fp32"] * eff.implicit_gemm * ramp)
     t_memory = cost.bytes / (hw.dram_bytes_per_us * e.dram) if cost.bytes else 0.0
     return max(performance_us, e.overhead_us + t_compute + t_memory)
+
+
+def time_ratio(cost: OpCost, old_hw: Hardware, old_eff: Efficiencies, new_hw: Hardware,
+               new_eff: Efficiencies) -> float:
+    """Model time on the new GPU over model time on the old one (1 when the model knows no
+    work). A convolution, GEMM or attention without flops is taken as compute-bound: the ratio
+    of the rates it would reach."""
+    if cost.cls in COMPUTE_CLASSES and cost.flops <= 0:
+        old_rate = peak_for(old_hw, cost.precision) * old_eff.of(cost.cls).compute_at(
+            cost.channels)
+        new_rate = peak_for(new_hw, cost.precision) * new_eff.of(cost.cls).compute_at(
+            cost.channels)
+        return old_rate / new_rate
+    old = busy_time_us(cost, old_hw, old_eff)
+    return busy_time_us(cost, new_hw, new_eff) / old if old > 0 else 1.0
+
+
+def memory_algo_ratio(cost: OpCost, hw: Hardware, eff: Efficiencies) -> float:
+    """A convolution's (m) time over its (p) time on `hw` (at least 1). Without flops: the ratio
+    of the rates, taken as compute-bound."""
+    if cost.flops <= 0:
+        e = eff.of(cost.cls)
+        ramp = e.compute_at(cost.channels) / e.compute
+        p_rate = peak_for(hw, cost.precision) * e.compute_at(cost.channels)
+        m_rate = hw.peak_flops_per_us["fp32"] * eff.implicit_gemm * ramp
+        return max(1.0, p_rate / m_rate)
+    p = busy_time_us(cost, hw, eff)
+    return memory_algo_time_us(cost, hw, eff, p) / p if p > 0 else 1.0
 
 
 def compute_signature(hw: Hardware, eff: Efficiencies) -> tuple[Any, ...]:
@@ -466,7 +499,7 @@ def fit(traces: Iterable[tuple[str, Trace]], hw: Hardware, implicit_gemm: float 
         provenance: dict[str, Any] | None = None) -> tuple[Efficiencies, dict[str, Any]]:
     """Fit every class across all `traces` (label, trace) recorded on `hw`; the report has each
     class's errors and, per trace, the summed model busy time against the measured one.
-    `implicit_gemm` defaults to the gemm class's compute efficiency (fp32 GEMMs)."""
+    `implicit_gemm` defaults to IMPLICIT_GEMM_ASSUMED (no recording times the (m) algorithm)."""
     traces = list(traces)
     all_samples = [s for label, t in traces for s in samples(t, label)]
     classes: dict[str, ClassEfficiency] = {}
@@ -477,8 +510,7 @@ def fit(traces: Iterable[tuple[str, Trace]], hw: Hardware, implicit_gemm: float 
             classes[cls], per_class[cls] = fit_class(group, hw)
     if "elementwise" not in classes:
         classes["elementwise"] = ClassEfficiency(1.0, 1.0, 0.0)
-    gemm = classes.get("gemm")
-    implicit = implicit_gemm if implicit_gemm is not None else (gemm.compute if gemm else 0.5)
+    implicit = implicit_gemm if implicit_gemm is not None else IMPLICIT_GEMM_ASSUMED
     eff = Efficiencies(name=hw.name, classes=classes, implicit_gemm=implicit,
                        provenance=dict(provenance or {}))
     per_trace = {}

@@ -33,11 +33,11 @@ import yaml
 
 from .compute import (
     Efficiencies,
-    busy_time_us,
     compute_signature,
     load_efficiencies,
-    memory_algo_time_us,
+    memory_algo_ratio,
     op_costs,
+    time_ratio,
 )
 from .errors import ConfigError, HardwareError
 from .hardware import Hardware, list_hardware, load_hardware, parse_hardware
@@ -196,9 +196,7 @@ def retarget(trace: Trace, hw: Hardware, source: Hardware | None = None,
     for op in trace.ops:
         cost = costs[op.id]
         busy = sum(k.dur_us for k in op.kernels) if op.kernels else op.dur_us
-        old_model = busy_time_us(cost, source, source_eff)
-        new_model = busy_time_us(cost, hw, eff)
-        factor = new_model / old_model if old_model > 0 and busy > 0 else 1.0
+        factor = time_ratio(cost, source, source_eff, hw, eff) if busy > 0 else 1.0
         dur = max(0.0, op.dur_us - busy + busy * factor)
         gap = op.start_us - stream_end_old.get(op.stream, 0.0)
         start = stream_end_new.get(op.stream, 0.0) + max(0.0, gap)
@@ -245,16 +243,14 @@ def _memory_algo(op: Op, cost: Any, busy: float, factor: float, source: Hardware
                  source_eff: Efficiencies, hw: Hardware, eff: Efficiencies) -> dict[str, Any]:
     """The op's memory-optimal time on the new GPU: a recorded one scaled by the model's (m)
     ratio, else the new busy time times the model's (m)/(p) ratio on the new GPU."""
-    new_p = busy_time_us(cost, hw, eff)
-    new_m = memory_algo_time_us(cost, hw, eff, new_p)
+    new_ratio = memory_algo_ratio(cost, hw, eff)
     recorded = op.attr("dur_us_memory_algo")
     if recorded is not None and op.attr("memory_algo") != "model":
-        old_p = busy_time_us(cost, source, source_eff)
-        old_m = memory_algo_time_us(cost, source, source_eff, old_p)
-        ratio = new_m / old_m if old_m > 0 else 1.0
+        # recorded (m) time x (m time on the new GPU / m time on the old one)
+        ratio = factor * new_ratio / memory_algo_ratio(cost, source, source_eff)
         return {"dur_us_memory_algo": round(float(recorded) * ratio, 3),
                 "memory_algo": "recorded, retargeted"}
-    m_busy = busy * factor * (new_m / new_p if new_p > 0 else 1.0)
+    m_busy = busy * factor * new_ratio
     return {"dur_us_memory_algo": round(op.dur_us - busy + m_busy, 3), "memory_algo": "model"}
 
 
