@@ -627,6 +627,27 @@ def _add_compute_verbs(verbs: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_fit_compute)
 
+    p = verbs.add_parser("synth", help="a trace from shapes (meta device: no GPU, no weights) "
+                         "with op times from the compute model (needs torch)")
+    p.add_argument("model", help="zoo model name (see `vsim list`), e.g. vgg416, resnet1517")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--hw", required=True, help="profile the op times are modelled for")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="hypothetical GPU values, as for `vsim run`")
+    p.add_argument("--workspace", default="cudnn9-layout",
+                   help="convolution workspace model: cudnn9-layout (cuDNN 9 on an H100, NCHW "
+                   "fp32, as recorded; default) or none")
+    p.add_argument("--no-tf32", action="store_true", help="fp32 convolutions without TF32 "
+                   "(default: PyTorch's flags, TF32 convolutions, fp32 matmuls)")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(handler=cmd_synth)
+
+    p = verbs.add_parser("synth-check", help="synthesize each recorded trace's model and "
+                         "compare the memory side (needs torch)")
+    p.add_argument("traces", nargs="+", help="recorded traces (meta.model, meta.batch_size)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_synth_check)
+
 
 def cmd_fit_compute(args: argparse.Namespace) -> int:
     import datetime
@@ -670,4 +691,72 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
     for name, r in report["traces"].items():
         print(f"{name[:40]:40} {r['busy_ms']:9.2f} {r['model_ms']:9.2f} {r['error']:>7}")
     print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    _check_output(args.output, "-o")
+    if args.batch <= 0:
+        raise ConfigError(f"--batch must be above zero, got {args.batch}")
+    from .hardware import load_hardware
+    from .retarget import hardware_with_overrides
+    hw = hardware_with_overrides(args.hw, args.set) if args.set else load_hardware(args.hw)
+    try:
+        from .record.synth import synthesize
+    except ImportError as exc:
+        raise ConfigError(f"vsim synth needs torch ({exc})") from None
+    from .synthcheck import memory_profile
+    from .trace import save_trace
+
+    trace = synthesize(args.model, args.batch, hw, workspace=args.workspace,
+                       tf32=(not args.no_tf32, False), progress=_progress)
+    save_trace(trace, args.output)
+    prof = memory_profile(trace)
+    _progress(f"wrote {args.output}: {prof['ops']} ops, {len(trace.tensors)} tensors, peak "
+              f"(no policy) {format_size(prof['peak_bytes'])}, op time "
+              f"{format_time(sum(o.dur_us for o in trace.ops))} on {hw.name}")
+    return 0
+
+
+def cmd_synth_check(args: argparse.Namespace) -> int:
+    from .hardware import load_hardware
+    from .synthcheck import compare
+    from .trace import load_trace
+    try:
+        from .record.synth import synthesize
+    except ImportError as exc:
+        raise ConfigError(f"vsim synth-check needs torch ({exc})") from None
+
+    rows = []
+    for path in args.traces:
+        rec = load_trace(path)
+        model, batch = rec.meta.get("model"), rec.meta.get("batch_size")
+        if not model or not batch:
+            raise ConfigError("the trace names no model and batch size (meta.model, "
+                              "meta.batch_size)", path)
+        hw = load_hardware(str(rec.meta.get("hardware") or "h100-sxm"))
+        if not args.json:
+            _progress(f"synthesizing {model} batch {batch}")
+        syn = synthesize(str(model), int(batch), hw)
+        rows.append({"trace": path, "model": model, "batch_size": batch,
+                     **compare(rec, syn)})
+    if args.json:
+        _emit_json(rows)
+        return 0
+    kinds = ("weight", "optimizer_state", "input", "activation", "gradient", "workspace",
+             "temporary")
+    print(f"{'trace':34} {'figure':22} {'recorded':>11} {'synth':>11} {'error':>8}")
+    for r in rows:
+        a, b, e = r["recorded"], r["synthesized"], r["error"]
+        name = Path(r["trace"]).name[:34]
+        for k in kinds:
+            print(f"{name:34} {k + ' bytes':22} {format_size(a['bytes_by_kind'][k]):>11} "
+                  f"{format_size(b['bytes_by_kind'][k]):>11} {_pct(e['bytes.' + k]):>8}")
+            name = ""
+        for k, key in (("peak", "peak_bytes"), ("peak_without_workspace",
+                                                "peak_without_workspace_bytes")):
+            print(f"{'':34} {k:22} {format_size(a[key]):>11} {format_size(b[key]):>11} "
+                  f"{_pct(e[k]):>8}")
+        print(f"{'':34} {'ops':22} {a['ops']:>11} {b['ops']:>11}   same names: "
+              f"{'yes' if r['same_op_sequence'] else 'no'}")
     return 0

@@ -521,3 +521,26 @@ def fit(traces: Iterable[tuple[str, Trace]], hw: Hardware, implicit_gemm: float 
         per_trace[label] = {"busy_ms": round(measured / 1e3, 3), "model_ms": round(model / 1e3, 3),
                             "error": f"{(model / measured - 1) * 100:+.1f}%"}
     return eff, {"classes": per_class, "traces": per_trace}
+
+
+def with_model_times(trace: Trace, hw: Hardware, eff: Efficiencies | None = None) -> Trace:
+    """The trace with every op timed by the model on `hw`, back to back on its stream (a
+    synthesized trace: no recorded times to keep). An op whose `launches` attr is 0 (it only
+    allocates) takes no time. Convolutions get `dur_us_memory_algo` (memory_algo: model)."""
+    eff = eff or load_efficiencies(hw)
+    costs = op_costs(trace)
+    clock: dict[int, float] = {}
+    ops = []
+    for op in trace.ops:
+        cost = costs[op.id]
+        launches = op.attr("launches")
+        busy = busy_time_us(cost, hw, eff) if launches is None or launches > 0 else 0.0
+        attrs = dict(op.attrs)
+        if cost.cls in ("conv_fwd", "conv_bwd") and busy > 0:
+            attrs["dur_us_memory_algo"] = round(busy * memory_algo_ratio(cost, hw, eff), 3)
+            attrs["memory_algo"] = "model"
+        start = clock.get(op.stream, 0.0)
+        clock[op.stream] = start + busy
+        ops.append(replace(op, start_us=round(start, 3), dur_us=round(busy, 3), kernels=(),
+                           attrs=tuple(sorted(attrs.items()))))
+    return replace(trace, ops=tuple(ops), meta={**trace.meta, "hardware": hw.name})
