@@ -15,6 +15,7 @@ from vsim.engine import PlanError, simulate
 from vsim.engine.link import Link
 from vsim.hardware import parse_hardware
 from vsim.policies.base import Offload, Plan, Policy, Prefetch, Sync
+from vsim.trace import load_trace, save_trace
 
 
 def hardware(**over):
@@ -194,3 +195,98 @@ def test_pageable_copies_are_slower_and_block_the_host():
     assert r["stall_time_us"] == pytest.approx(20)
     assert r["iteration_time_us"] == pytest.approx(120)
     assert r["pinned_host_peak_bytes"] == 0
+
+
+# ---------------------------------------------------------------- found by tests/test_properties.py
+
+@dataclass(frozen=True)
+class WholePlan(Policy):
+    """A policy that returns a whole plan (runtime switches included) given by the test."""
+    name = "whole-plan"
+    plan_: Plan = Plan()
+
+    def plan(self, trace, hw, capacity_bytes):
+        return self.plan_
+
+
+def test_an_op_may_read_what_it_writes():
+    # op0 allocates y (2,000 B) and lists it among its reads too (the loader accepts that); it
+    # was refused as "reads tensor 1 which is unborn". Now: 0-10 us, peak x + y = 3,000 B.
+    tr = trace([op(0, 0, 10, reads=(0, 1), writes=(1,))],
+               [tensor(0, 1000, "input"), tensor(1, 2000, producer=0)])
+    r = run(tr)
+    assert r["iteration_time_us"] == 10 and r["peak_allocated_bytes"] == 3000
+
+
+def test_a_read_across_streams_waits_for_its_dep_before_the_residency_check():
+    # op0 on stream 0 starts at 5 (launch gap) and writes y, 5-15 us; op1 on stream 3 depends
+    # on it and reads y. op1 was checked at its launch (0 us), before its dep: "y is unborn".
+    # Now it waits for op0: stall 15 us, runs 15-25.
+    tr = trace([op(0, 5, 10, writes=(0,)), op(1, 0, 10, stream=3, reads=(0,), deps=(0,))],
+               [tensor(0, 1000, producer=0)])
+    r = run(tr)
+    assert r["iteration_time_us"] == pytest.approx(25)
+    assert r["stall_time_us"] == pytest.approx(15)
+
+
+# x (40,000 B) read by op0 (0-20 us) and op1 (20-50 us). Offloaded at op0 and released after
+# op0: the copy takes 0-40 us, so at op1's launch (20) x is still on the GPU, but it leaves at
+# 40 while op1 would still read it (until 50).
+LEAVING = trace([op(0, 0, 20, reads=(0,)), op(1, 20, 30, reads=(0,))],
+                [tensor(0, 40_000, "input")])
+
+
+def test_a_tensor_being_offloaded_past_its_release_op_is_gone_for_readers():
+    # op1 now waits for its prefetch (it used to run at 20 and read x after it left at 40):
+    # out 0-40, released at 40, back 40-80, op1 runs 80-110 after a 60 us stall.
+    r = run(LEAVING, [Offload(0, at_op=0), Prefetch(0, at_op=1, needed_by=1)])
+    assert r["iteration_time_us"] == pytest.approx(110)
+    assert r["stall_time_us"] == pytest.approx(60)
+    assert r["d2h_bytes"] == r["h2d_bytes"] == 40_000
+    # Without the prefetch the plan is wrong, whatever the copy's speed: an error, not a read
+    # of memory given back half-way through the op.
+    with pytest.raises(PlanError, match="being offloaded and released after op 0"):
+        run(LEAVING, [Offload(0, at_op=0)])
+
+
+def test_waiting_for_memory_never_waits_for_a_release_behind_itself():
+    # Capacity 45,000 B. x (30,000) is offloaded at op0 (copy 0-30 us) but released only after
+    # op1. op1 (at 20) needs z (10,000) with x + y + z = 50,000: waiting for x's release would
+    # wait for op1 itself (it deadlocked in SimPy). Now: out of memory at op1, 5,000 B free.
+    tr = trace([op(0, 0, 20, reads=(0,), writes=(1,)), op(1, 20, 20, reads=(1,), writes=(2,))],
+               [tensor(0, 30_000, "input"), tensor(1, 10_000, producer=0),
+                tensor(2, 10_000, producer=1)])
+    plan = Plan(actions=(Offload(0, at_op=0, release_after=1),), wait_for_memory=True)
+    r = simulate(tr, hardware(), WholePlan(plan), make_allocator("exact"), 45_000).report
+    assert r["fits"] is False
+    assert r["oom"]["op"] == 1 and r["oom"]["tensor"] == 2 and r["oom"]["free_bytes"] == 5_000
+
+
+def test_a_deadlocking_plan_is_a_plan_error():
+    # TWO (chain of 2): t0 released only after op2, its prefetch issued at op1, and a sync after
+    # op1 waits for that prefetch, which waits for op2: nothing can happen. (It ended in SimPy's
+    # "No scheduled events left" RuntimeError.)
+    with pytest.raises(PlanError, match="deadlocks: op 1 .* never finishes"):
+        run(TWO, [Offload(0, at_op=0, release_after=2), Prefetch(0, at_op=1, needed_by=3),
+                  Sync(after_op=1)])
+
+
+def test_copies_in_flight_at_the_end_belong_to_the_iteration():
+    # op0 (0-10 us) writes y (20,000 B), offloaded at op0: the copy runs 0-20 us. The run used
+    # to stop at 10 us with the copy lost (d2h 0 B); the iteration ends when the copy does.
+    tr = trace([op(0, 0, 10, writes=(0,))], [tensor(0, 20_000, producer=0)])
+    r = run(tr, [Offload(0, at_op=0)])
+    assert r["iteration_time_us"] == pytest.approx(20)
+    assert r["d2h_bytes"] == 20_000
+
+
+def test_predicted_trace_keeps_deps_pointing_backwards_at_equal_start_times(tmp_path):
+    # op0, zero length on stream 3 at 0 us, writes y; op1 on stream 0 depends on it and reads y,
+    # also starting at 0. Ordered by (start, stream) op1 came first: its dep was dropped and
+    # the timeline did not load ("tensor 0 is produced later"). Ties now keep execution order.
+    tr = trace([op(0, 0, 0, stream=3, writes=(0,)), op(1, 0, 10, reads=(0,), deps=(0,))],
+               [tensor(0, 1000, producer=0)])
+    predicted = simulate(tr, hardware(), Fixed(), make_allocator("exact"), 10**6).predicted
+    assert [o.attr("trace_op") for o in predicted.ops] == [0, 1]
+    save_trace(predicted, tmp_path / "p.vsim.json.gz")
+    assert load_trace(tmp_path / "p.vsim.json.gz") == predicted

@@ -117,6 +117,8 @@ class Engine:
         self.release_at_end: dict[int, list[int]] = defaultdict(list)  # op -> offloaded tensors
         self.finished: set[int] = set()               # ops that have ended
         self.free_pending: set[int] = set()           # freed by the trace while a copy reads it
+        self.release_op: dict[int, int] = {}          # offloaded tensor -> its release_after
+        self.copy_procs: list[simpy.Process] = []     # offload and prefetch processes
         self.copies_in_flight = 0
         self.host_blocking: list[simpy.Event] = []    # pageable copies the host waits for
         self.executed: list[_ExecutedOp] = []
@@ -144,7 +146,16 @@ class Engine:
                 streams[op.stream].append(op)
             procs = [self.env.process(self._stream(ops)) for ops in streams.values()]
             self.env.process(self._finish(procs))
-            self.env.run(until=self.halt)
+            try:
+                self.env.run(until=self.halt)
+            except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
+                if self.halt.triggered or self.env.peek() != float("inf"):
+                    raise
+                stuck = [op for op in self.trace.ops if not self.done[op.id].triggered]
+                raise PlanError(f"the plan deadlocks: op {stuck[0].id} ({stuck[0].name}) never "
+                                f"finishes, nor {len(stuck) - 1} other ops (a sync or an "
+                                "allocation waits for a copy or a release that waits for "
+                                "them)") from None
         end = max([e.start_us + e.dur_us for e in self.executed] +
                   [c.start_us + c.dur_us for c in self.copies] + [0.0])
         return EngineOutput(self.executed, self.copies, self.memory, self.oom, end,
@@ -152,6 +163,11 @@ class Engine:
 
     def _finish(self, procs: list[simpy.Process]) -> Generator[simpy.Event, Any, None]:
         yield self.env.all_of(procs)
+        # Copies still in flight when the last op ends belong to this iteration too (its bytes,
+        # its end): the iteration ends when they do, as at the synchronisation that ends a real
+        # training step.
+        while alive := [p for p in self.copy_procs if p.is_alive]:
+            yield self.env.all_of(alive)
         if not self.halt.triggered:
             self.halt.succeed()
 
@@ -201,7 +217,10 @@ class Engine:
             waits = [e for e in self.host_blocking if not e.triggered]
             self.host_blocking.clear()
             waits += [self.done[d] for d in op.deps if not self.done[d].triggered]
-            waits += self._reads_ready(op, recomputes)
+            if waits:
+                yield self.env.all_of(waits)
+            # Only now, with its deps done, is what it reads from other streams produced.
+            waits = self._reads_ready(op, recomputes)
             if waits:
                 yield self.env.all_of(waits)
             stall = self.env.now - ready
@@ -239,18 +258,25 @@ class Engine:
         waits = []
         rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
         chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
-        needed = (set(op.reads) - rebuilt) | (chain_reads - rebuilt) \
+        # What the op itself writes is allocated just after these waits (a trace may list an
+        # op's own output or workspace among its reads; the loader accepts that).
+        needed = (set(op.reads) - rebuilt - set(op.writes)) | (chain_reads - rebuilt) \
             | set(self.index.needs.get(op.id, []))
         for t in sorted(needed):
             where = self.memory.where(t)
-            if where in RESIDENT:
+            # An offload whose release op has ended gives the device copy back as soon as its
+            # copy ends, maybe while this op runs: for a reader it is already gone.
+            leaving = where == OFFLOADING and self.release_op.get(t) in self.finished
+            if where in RESIDENT and not leaving:
                 continue
             if where == PREFETCHING or (t in self.prefetched and not self.prefetched[t].triggered):
                 waits.append(self.prefetched[t])
             elif t in op.reads or t in chain_reads:
                 who = "recomputation before it" if t not in op.reads else "op"
+                state = (f"being offloaded and released after op {self.release_op[t]}"
+                         if leaving else where)
                 raise PlanError(f"op {op.id} ({op.name}, layer {op.layer}): its {who} reads "
-                                f"tensor {t} which is {where}, and no prefetch brings it back")
+                                f"tensor {t} which is {state}, and no prefetch brings it back")
         return waits
 
     def _allocate_outputs(self, op: Op) -> Generator[simpy.Event, Any, bool]:
@@ -270,8 +296,11 @@ class Engine:
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
         size = self.tensors[tensor].size_bytes
         while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
+            # Only offloads whose release op has ended: the others also wait for an op, maybe
+            # this one or one after it on this stream, and waiting for them could deadlock.
             pending = [self.released[t] for t, ev in self.copied_out.items()
-                       if not self.released[t].triggered and not ev.triggered]
+                       if not self.released[t].triggered and not ev.triggered
+                       and self.release_op[t] in self.finished]
             if not pending:
                 break
             yield self.env.any_of(pending)
@@ -348,10 +377,11 @@ class Engine:
         self.copied_out[t] = self.env.event()
         self.released[t] = self.env.event()
         release_after = off.release_after if off.release_after is not None else off.at_op
+        self.release_op[t] = release_after
         self.copies_in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self.copied_out[t])
-        self.env.process(self._offload(t, release_after))
+        self.copy_procs.append(self.env.process(self._offload(t, release_after)))
 
     def _offload(self, t: int, release_after: int) -> Generator[simpy.Event, Any, None]:
         size = self.tensors[t].size_bytes
@@ -384,7 +414,7 @@ class Engine:
         self.copies_in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self.prefetched[t])
-        self.env.process(self._prefetch(pre))
+        self.copy_procs.append(self.env.process(self._prefetch(pre)))
 
     def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
         t = pre.tensor
