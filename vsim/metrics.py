@@ -42,7 +42,10 @@ def memory_curve(trace: Trace) -> list[tuple[float, int, int]]:
     allocated = reserved = 0
     has_segments = any(e.action in ("segment_alloc", "segment_free") for e in trace.mem_events)
     curve = []
-    for e in sorted(trace.mem_events, key=lambda e: e.time_us):
+    events = trace.mem_events
+    if any(a.time_us > b.time_us for a, b in zip(events, events[1:], strict=False)):
+        events = tuple(sorted(events, key=lambda e: e.time_us))
+    for e in events:
         if e.action == "alloc":
             allocated += e.size_bytes
         elif e.action == "free_completed":
@@ -81,9 +84,10 @@ def avg_allocated_bytes(trace: Trace, curve: Curve | None = None) -> float:
     return total / end
 
 
-def summary(trace: Trace) -> dict[str, Any]:
-    """The metric part of a `vsim run --json` report."""
-    curve = memory_curve(trace)  # once: it is the costly part
+def summary(trace: Trace, curve: Curve | None = None) -> dict[str, Any]:
+    """The metric part of a `vsim run --json` report (`curve`: memory_curve(trace), if the
+    caller has it already)."""
+    curve = curve if curve is not None else memory_curve(trace)  # once: the costly part
     return {
         "iteration_time_us": iteration_time_us(trace),
         "compute_time_us": compute_time_us(trace),

@@ -17,7 +17,10 @@ from ..policies.base import describe, parse_spec
 
 class Allocator:
     """Base of the allocator models. Subclasses are mutable state machines; their config is
-    given by the frozen spec dataclass that builds them."""
+    given by the frozen spec dataclass that builds them. `has_segments` False: the model
+    reserves exactly what it allocates (no segments to report)."""
+
+    has_segments = True
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes

@@ -9,6 +9,8 @@ from .base import Allocator, AllocatorSpec, register_allocator
 
 
 class ExactAllocator(Allocator):
+    has_segments = False
+
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         if self.allocated_bytes + size_bytes > self.capacity_bytes:
             return None

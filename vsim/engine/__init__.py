@@ -36,8 +36,8 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
         raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
     plan = policy.plan(trace, hw, capacity)
     out = Engine(trace, hw, plan, allocator.build(capacity)).run()
-    predicted = _predicted_trace(trace, hw, policy, allocator, capacity, out)
-    report = metrics.summary(predicted)
+    predicted, curve = _predicted_trace(trace, hw, policy, allocator, capacity, out)
+    report = metrics.summary(predicted, curve)
     report.update({
         "pinned_host_peak_bytes": max(out.memory.host_peak_bytes, plan.pinned_pool_bytes),
         "fits": out.oom is None,
@@ -63,7 +63,7 @@ def allocator_spec_string(spec: AllocatorSpec) -> str:
 
 
 def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
-                     capacity: int, out: EngineOutput) -> Trace:
+                     capacity: int, out: EngineOutput) -> tuple[Trace, metrics.Curve]:
     """Ops renumbered in execution order (recomputations get their own ids), original tensors
     with producers and consumers mapped to the new ids, copies and allocator events as run."""
     new_id: dict[int, int] = {}
@@ -109,9 +109,10 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
                       copies=tuple(sorted(out.copies, key=lambda c: (c.start_us, c.stream))),
                       mem_events=tuple(out.memory.events))
     # Memory counters for viewing in Perfetto: the last state at each distinct time.
-    points = {t: (a, r) for t, a, r in metrics.memory_curve(predicted)}
+    curve = metrics.memory_curve(predicted)
+    points = {t: (a, r) for t, a, r in curve}
     counters = tuple({"name": "device memory", "ph": "C", "ts": t, "pid": 1,
                       "args": {"allocated_MiB": round(a / 2**20, 3),
                                "reserved_MiB": round(r / 2**20, 3)}}
                      for t, (a, r) in sorted(points.items()))
-    return dataclasses.replace(predicted, counters=counters)
+    return dataclasses.replace(predicted, counters=counters), curve

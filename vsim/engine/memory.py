@@ -71,6 +71,8 @@ class DeviceMemory:
         self.state[tensor] = new_state
 
     def _segment_change(self, now: float) -> None:
+        if not self.allocator.has_segments:
+            return  # reserved is allocated: no segment events (metrics read it that way)
         reserved = self.allocator.reserved_bytes
         if reserved != self._reserved_seen:
             action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
