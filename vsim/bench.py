@@ -18,6 +18,7 @@ import simpy
 
 from .allocator import make_allocator
 from .engine import simulate
+from .errors import ConfigError
 from .hardware import load_hardware
 from .policies import make_policy
 from .trace import load_trace
@@ -68,29 +69,77 @@ def simulate_seconds(trace: Trace, hw_name: str, policy: str, capacity: int | No
     return seconds
 
 
-def run_bench(traces: list[Path], progress: Callable[[str], None] | None = None
-              ) -> dict[str, Any]:
-    """The benchmark object of `vsim bench --json`."""
+def sweep_configs_per_s(traces: list[Path], workers: int | None = None) -> dict[str, Any]:
+    """A real sweep (local processes) over the vgg16 traces: capacities 8..24 GiB by 2 GiB
+    (9) x three policies x the traces, written to a temporary CSV."""
+    import tempfile
+
+    from .sweep import build_grid, run_sweep
+
+    grid = build_grid([str(t) for t in traces], ["h100-sxm"], ["8GiB..24GiB/2GiB"],
+                      ["none", "vdnn:mode=conv", "superneurons"], ["exact"])
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = run_sweep(grid, [str(Path(tmp) / "bench.csv")], workers=workers)
+    return {"configs": summary.ran, "seconds": summary.seconds, "workers": summary.workers,
+            "configs_per_s": summary.ran / summary.seconds if summary.seconds else None}
+
+
+def run_bench(root: Path, progress: Callable[[str], None] | None = None,
+              quick: bool = False) -> dict[str, Any]:
+    """The benchmark object of `vsim bench --json`; `root` holds traces/."""
     say = progress or (lambda _m: None)
+    repeats = 1 if quick else 3
+    traces = sorted((root / "traces").glob("*-h100.vsim.json.gz"))
+    if not traces:
+        raise ConfigError(f"no recorded traces (*-h100.vsim.json.gz) under {root / 'traces'}")
     say("raw SimPy event rate ...")
-    raw = simpy_events_per_s()
-    events = 0
-    seconds = 0.0
-    per_trace = {}
+    raw = simpy_events_per_s(50_000 if quick else 200_000, repeats)
+    events, seconds, per_trace = 0, 0.0, {}
     for path in traces:
         trace = load_trace(path)
         hw = str(trace.meta.get("hardware") or "h100-sxm")
-        say(f"simulating {path.name} ...")
-        s = simulate_seconds(trace, hw, "none", None)
+        say(f"simulating {path.name} (none) ...")
+        s = simulate_seconds(trace, hw, "none", None, repeats)
         n = count_events(trace, hw, "none", None)
-        per_trace[path.name] = {"events": n, "seconds": s, "events_per_s": n / s,
-                                "ops": len(trace.ops)}
+        per_trace[path.name] = {"ops": len(trace.ops), "simpy_events": n, "seconds": s,
+                                "events_per_s": n / s}
         events += n
         seconds += s
-    vsim_rate = events / seconds if seconds else None
+    vsim_rate = events / seconds
+    vgg = load_trace(root / "traces" / "vgg16-b256-h100.vsim.json.gz")
+    say("vgg16(256) under vdnn ...")
+    vgg_s = simulate_seconds(vgg, "h100-sxm", "vdnn:mode=all", None, repeats)
+    deep = root / "traces" / "resnet1001-b32-synthetic.vsim.json.gz"
+    say("resnet1001(32), synthesized, under none ...")
+    deep_s = simulate_seconds(load_trace(deep), "h100-sxm", "none", None, 1) \
+        if deep.exists() else None
+    say("sweep ...")
+    sweep = sweep_configs_per_s([root / "traces" / f"vgg16-b{b}-h100.vsim.json.gz"
+                                 for b in (64, 128, 256)])
+    measured_us = vgg.measured.iteration_time_us if vgg.measured else None
     return {
         "simpy_events_per_s": raw,
         "vsim_events_per_s": vsim_rate,
-        "event_rate_ratio": None if vsim_rate is None else vsim_rate / raw,
+        "event_rate_ratio": vsim_rate / raw,
+        "vgg16_256_vdnn_ms": vgg_s * 1e3,
+        "resnet1001_s": deep_s,
+        "sweep_configs_per_s": sweep["configs_per_s"],
+        "sim_over_measured": None if not measured_us else vgg_s * 1e6 / measured_us,
+        "sweep": sweep,
         "traces": per_trace,
+        "machine": machine(),
+        "targets": TARGETS,
     }
+
+
+TARGETS = {"event_rate_ratio": ">= 0.5", "vgg16_256_vdnn_ms": "<= 10",
+           "resnet1001_s": "<= 1", "sim_over_measured": "<= 0.1"}
+
+
+def machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    return {"python": platform.python_version(), "processor": platform.processor() or
+            platform.machine(), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}

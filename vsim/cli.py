@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "'none' for no plot)")
     p.set_defaults(handler=cmd_validate)
 
+    p = verbs.add_parser("bench", help="how fast the simulator is on this machine")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="one repetition each (noisier)")
+    p.set_defaults(handler=cmd_bench)
+
     p = verbs.add_parser("record", help="record a training iteration into a trace (needs torch)")
     p.add_argument("model", help="zoo model name, torchvision name or module:callable")
     p.add_argument("--batch", type=int, required=True)
@@ -120,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_calibrate)
     _add_sweep_and_compare(verbs)
+    _add_search_verb(verbs)
     _add_compute_verbs(verbs)
     return parser
 
@@ -613,12 +619,135 @@ def format_comparison(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ search (issue 7, part 2)
+
+def _add_search_verb(verbs: Any) -> None:
+    p = verbs.add_parser("search", help="find the fastest plan that fits (greedy plus local "
+                         "search, the simulator as the cost model); compare it with every "
+                         "built-in policy and a lower bound")
+    p.add_argument("trace", help="trace file (.vsim.json.gz)")
+    p.add_argument("--hw", required=True, help="hardware profile name or path")
+    p.add_argument("--memory", help="device capacity, e.g. 12GiB (default: the profile's "
+                   "memory less the CUDA context)")
+    p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
+    p.add_argument("-o", "--output", help="write the plan here (JSON); run it with "
+                   "--policy plan:file=PATH")
+    p.add_argument("--budget", default="60", metavar="SECONDS", help="stop the search after "
+                   "this long, with the best plan so far (default: 60; it usually converges "
+                   "sooner)")
+    p.add_argument("--seed", type=int, default=0, help="the local search's move order")
+    p.add_argument("--kicks", type=int, default=4, help="perturbations after the first "
+                   "local optimum (default: 4)")
+    p.add_argument("--no-builtins", action="store_true", help="skip running the built-in "
+                   "policies for comparison")
+    p.add_argument("--verbose", action="store_true", help="log each greedy step and "
+                   "improvement on stderr")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_search)
+
+
+def _budget_s(text: str) -> float:
+    from .units import parse_time
+    try:
+        value = float(text)
+    except ValueError:
+        value = parse_time(text, "--budget") / 1e6
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"--budget must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .allocator import make_allocator
+    from .hardware import load_hardware
+    from .retarget import for_hardware
+    from .search.run import run_search
+    from .trace import load_trace
+
+    if args.output:
+        _check_output(args.output, "-o")
+    budget = _budget_s(args.budget)
+    if args.kicks < 0:
+        raise ConfigError(f"--kicks must be at least 0, got {args.kicks}")
+    capacity = _capacity(args.memory)
+    hw = load_hardware(args.hw)
+    allocator = make_allocator(args.allocator)
+    trace = load_trace(args.trace)
+    trace, note = for_hardware(trace, hw)
+    if note and not args.json:
+        _progress(f"note: {note}")
+    _check_capacity(args.trace, trace, hw, capacity)
+    result = run_search(trace, args.trace, hw, hw.capacity_bytes if capacity is None
+                        else capacity, allocator, seed=args.seed, budget_s=budget,
+                        kicks=args.kicks, builtins=not args.no_builtins, output=args.output,
+                        log=_progress if args.verbose else None)
+    if args.json:
+        _emit_json(result)
+    else:
+        print(format_search(result, trace.meta, args))
+    return 0 if result["search"]["fits"] else 1
+
+
+def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> str:
+    s, bound, best = result["search"], result["bound"], result["best_builtin"]
+    t = s["iteration_time_us"]
+
+    def vs(other: float | None) -> str:
+        if t is None or not other:
+            return ""
+        return f"  (search {(t / other - 1) * 100:+.1f}%)"
+
+    lines = [f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} on "
+             f"{result['hardware']}, capacity {format_size(result['capacity_bytes'])}, "
+             f"allocator {result['allocator']}", ""]
+    if t is None:
+        lines.append("search         no plan found that fits")
+    else:
+        lines.append(f"search         {format_time(t):>10}  {s['swapped']} map(s) swapped "
+                     f"({format_size(s['swapped_bytes'])}), {s['dropped']} recomputed "
+                     f"({format_size(s['dropped_bytes'])}), "
+                     f"{s['workspace_free_convolutions']} convolution(s) without workspace")
+    g = s["greedy_iteration_time_us"]
+    lines.append(f"greedy start   {format_time(g) if g is not None else 'did not fit':>10}")
+    if best is not None:
+        lines.append(f"best built-in  {format_time(best['iteration_time_us']):>10}  "
+                     f"{best['policy']}{vs(best['iteration_time_us'])}")
+    elif result["builtins"]:
+        lines.append("best built-in  none of them fits")
+    lines.append(f"lower bound    {format_time(bound['bound_us']):>10}  = max(compute "
+                 f"{format_time(bound['compute_us'])}, link {format_time(bound['link_us'])} "
+                 f"for the {format_size(bound['must_leave_bytes'])} that must leave)"
+                 f"{vs(bound['bound_us'])}")
+    lines.append(f"  with recomputation {format_time(bound['recompute_bound_us'])}"
+                 f"{vs(bound['recompute_bound_us'])}")
+    lines.append(f"{s['evaluations']} simulations in {s['seconds']:.1f} s, seed {s['seed']}"
+                 + ("" if s["converged"] else f"; stopped by --budget {s['budget_s']:g} s "
+                    "(a longer budget may find more; results then depend on machine speed)"))
+    if result["builtins"]:
+        lines += ["", "built-in policies:"]
+        rows = sorted(result["builtins"], key=lambda r: (r["iteration_time_us"] is None,
+                                                         r["iteration_time_us"] or 0))
+        for r in rows:
+            cell = (format_time(r["iteration_time_us"]) if r["fits"] else
+                    "error" if r.get("error") else "does not fit")
+            lines.append(f"  {r['policy']:44} {cell:>12}")
+    if result["plan_file"]:
+        mem = f" --memory {args.memory}" if args.memory else ""
+        lines += ["", f"plan: {result['plan_file']} (vsim run {result['trace']} --hw "
+                      f"{args.hw}{mem} --policy plan:file={result['plan_file']})"]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ compute model (issue 6)
 
 def _add_compute_verbs(verbs: Any) -> None:
     p = verbs.add_parser("fit-compute", help="fit the compute model's per-class efficiencies "
                          "to traces recorded on one GPU")
-    p.add_argument("traces", nargs="+", help="recorded traces (with kernels)")
+    p.add_argument("traces", nargs="*", help="recorded traces (with kernels)")
+    p.add_argument("--benchmarks", help="instead of traces: a YAML of published forward and "
+                   "backward times of whole networks (kind: benchmarks) with their "
+                   "synthesized traces; fits the convolution efficiencies only, the rest from "
+                   "h100-sxm's fit")
     p.add_argument("--hw", required=True, help="the profile of the GPU they were recorded on")
     p.add_argument("-o", "--output", required=True, help="efficiency file to write, e.g. "
                    "hardware/efficiency/h100-sxm.yaml")
@@ -639,6 +768,8 @@ def _add_compute_verbs(verbs: Any) -> None:
                    "fp32, as recorded; default) or none")
     p.add_argument("--no-tf32", action="store_true", help="fp32 convolutions without TF32 "
                    "(default: PyTorch's flags, TF32 convolutions, fp32 matmuls)")
+    p.add_argument("--no-library-blocks", action="store_true", help="leave out the cuBLAS "
+                   "workspaces a PyTorch process keeps resident (65 MiB on the H100)")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_synth)
 
@@ -658,6 +789,10 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
 
     _check_output(args.output, "-o")
     hw = load_hardware(args.hw)
+    if args.benchmarks:
+        return _fit_to_benchmarks(args, hw)
+    if not args.traces:
+        raise ConfigError("fit-compute: give recorded traces or --benchmarks FILE")
     traces = [(Path(t).name, load_trace(t)) for t in args.traces]
     for path, (_, t) in zip(args.traces, traces, strict=True):
         if t.meta.get("hardware") not in (None, hw.name):
@@ -709,7 +844,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from .trace import save_trace
 
     trace = synthesize(args.model, args.batch, hw, workspace=args.workspace,
-                       tf32=(not args.no_tf32, False), progress=_progress)
+                       tf32=(not args.no_tf32, False),
+                       library_residents=not args.no_library_blocks, progress=_progress)
     save_trace(trace, args.output)
     prof = memory_profile(trace)
     _progress(f"wrote {args.output}: {prof['ops']} ops, {len(trace.tensors)} tensors, peak "
@@ -760,3 +896,90 @@ def cmd_synth_check(args: argparse.Namespace) -> int:
         print(f"{'':34} {'ops':22} {a['ops']:>11} {b['ops']:>11}   same names: "
               f"{'yes' if r['same_op_sequence'] else 'no'}")
     return 0
+
+
+def _fit_to_benchmarks(args: argparse.Namespace, hw: Any) -> int:
+    import datetime
+
+    import yaml
+
+    from .compute import (
+        DEFAULT_EFFICIENCY,
+        efficiencies_to_yaml,
+        fit_to_timings,
+        read_efficiencies,
+    )
+    from .hardware import load_hardware
+    from .trace import load_trace
+    from .units import parse_time
+
+    path = Path(args.benchmarks)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read benchmarks file ({exc})", str(path)) from None
+    if not isinstance(doc, dict) or doc.get("kind") != "benchmarks":
+        raise ConfigError("expected a mapping with kind: benchmarks", str(path))
+    nets = []
+    for i, entry in enumerate(doc.get("networks") or []):
+        where = f"{path}: networks[{i}]"
+        trace = load_trace(path.parent / "traces" / str(entry["trace"]))
+        nets.append((str(entry["id"]), trace, parse_time(entry["forward"], where),
+                     parse_time(entry["backward"], where)))
+    from .compute import load_efficiencies
+    base = load_efficiencies(load_hardware(DEFAULT_EFFICIENCY))
+    prov = doc.get("provenance") or {}
+    provenance = {
+        "source": f"{args.benchmarks}: {prov.get('source', '')}",
+        "date": args.date or datetime.date.today().isoformat(),
+        "method": "vsim fit-compute --benchmarks: the conv_fwd and conv_bwd compute fractions "
+                  "(of the direct convolution's flops at the fp32 peak, no channel ramp) "
+                  "fitted so that the model's forward and backward times of the listed "
+                  "networks (synthesized traces, without loss and optimizer) match the "
+                  "published ones in least squares of log errors; every other class, the "
+                  "overheads and implicit_gemm are h100-sxm's fit (memory-bound classes as "
+                  "fractions of this GPU's DRAM bandwidth)",
+        "benchmarks": prov}
+    eff, report = fit_to_timings(nets, hw, base, provenance)
+    tmp = Path(args.output).with_suffix(".tmp")
+    tmp.write_text(efficiencies_to_yaml(eff, report))
+    read_efficiencies(tmp)
+    tmp.replace(args.output)
+    if args.json:
+        _emit_json(report)
+        return 0
+    print(f"conv_fwd {eff.classes['conv_fwd'].compute * 100:.1f}%, conv_bwd "
+          f"{eff.classes['conv_bwd'].compute * 100:.1f}% of the direct convolution's flops at "
+          f"{hw.name}'s fp32 peak")
+    for label, row in report["networks"].items():
+        print(f"  {label:24} " + "  ".join(
+            f"{ph} {r['model_ms']:8.2f} ms vs {r['published_ms']:8.2f} ({r['error']})"
+            for ph, r in row.items()))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+    from .validate import repo_root
+
+    result = run_bench(repo_root(Path.cwd()), progress=_progress, quick=args.quick)
+    if args.json:
+        _emit_json(result)
+        return 0
+    t = result["targets"]
+    rows = [("raw SimPy events/s", f"{result['simpy_events_per_s']:,.0f}", ""),
+            ("vsim SimPy events/s", f"{result['vsim_events_per_s']:,.0f}", ""),
+            ("ratio", f"{result['event_rate_ratio']:.2f}", t["event_rate_ratio"]),
+            ("vgg16(256) vdnn, one iteration", f"{result['vgg16_256_vdnn_ms']:.1f} ms",
+             t["vgg16_256_vdnn_ms"] + " ms"),
+            ("resnet1001(32) synthesized", "-" if result["resnet1001_s"] is None else
+             f"{result['resnet1001_s']:.2f} s", t["resnet1001_s"] + " s"),
+            ("sweep configurations/s", f"{result['sweep_configs_per_s']:.1f}", ""),
+            ("simulation / measured, vgg16(256)", f"{result['sim_over_measured']:.3f}",
+             t["sim_over_measured"])]
+    for name, value, target in rows:
+        print(f"{name:36} {value:>14}  {('target ' + target) if target else ''}")
+    print(f"machine: {result['machine']}")
+    return 0
+

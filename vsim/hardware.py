@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .errors import HardwareError, UnitError
-from .units import parse_flops, parse_rate, parse_size, parse_time
+from .units import load_yaml, parse_flops, parse_rate, parse_size, parse_time
 
 HARDWARE_DIR_ENV = "VSIM_HARDWARE_DIR"
 
@@ -119,7 +119,7 @@ def load_hardware(name_or_path: str) -> Hardware:
             raise HardwareError(f"unknown hardware {name_or_path!r}; known: {known}")
     where = str(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml(path.read_text())
     except OSError as exc:
         raise HardwareError(f"cannot read profile: {exc.strerror or exc}", where) from None
     except UnicodeDecodeError:

@@ -86,3 +86,12 @@ def format_time(time_us: float) -> str:
     if abs(time_us) >= 1e3:
         return f"{time_us / 1e3:.2f} ms"
     return f"{time_us:.1f} us"
+
+
+def load_yaml(text: str) -> object:
+    """yaml.safe_load with libyaml's C loader when present (about 10x faster on profiles)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)  # noqa: S506  (a safe loader)
+
