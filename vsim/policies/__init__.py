@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (each registers its policies)
     layrub,
     none,
     recompute,
+    saved,
     superneurons,
     vdnn,
     vdnnpp,

@@ -1,0 +1,72 @@
+"""`vsim search`: the fastest plan that fits a capacity, with the simulator as the cost model.
+
+Modules: problem.py (genomes, plans, the cost model), local.py (greedy and local search),
+bound.py (the lower bound), run.py (the verb: search, built-in policies, bound, plan file).
+
+**Decisions** (a Genome). For every saved feature map t of at least MIN_CANDIDATE_BYTES
+(layers.TraceView.saved: activation or input, read again in backward), one of
+- keep: it stays on the device;
+- swap: copied out as soon as its content is final (after its producer and the forward ops that
+  modify it in place; the network input while its first reader runs), the device copy given back
+  after its last forward reader, and prefetched at a chosen op (a gene: its position in trace
+  order) for its first backward reader;
+- drop: released after its last forward reader and rebuilt by re-running its producer (and its
+  in-place ops) before its first backward reader. Dropped maps whose chains share an op, or one
+  of which another's chain reads, are rebuilt by one recomputation (the union of their chains)
+  before the first of them is needed. What a recomputation reads from outside must still be on
+  the device (a swapped map is prefetched for it; one the trace has freed by then forbids the
+  drop).
+Besides: which convolutions run their workspace-free algorithm (planning's algo=memory times),
+and whether an allocation that does not fit waits for offloads in flight
+(Plan.wait_for_memory). Every plan frees tensors after their last reader where the trace kept
+them longer (planning.liveness_releases).
+
+**Cost model**: one simulated iteration (engine.simulator.Engine, the run's allocator) per
+genome, cached. Feasible = no out of memory and no PlanError; the objective is the iteration
+time.
+
+**1. Greedy start** (local.greedy). From "keep everything; only the convolutions that cannot fit
+their workspace in any plan run without it" (bound.forced_workspace_free): simulate; where it runs
+out of memory at op X, first issue later the prefetches that hold memory at X for a later reader,
+then evict maps that would be away at X, best first by bytes per microsecond of expected cost
+(swap: the part of its two copies the gap between last forward and first backward use cannot
+hide, plus the copy interference it causes; drop: the ops its recomputation adds), until the
+shortfall is covered; if nothing covers X, X's convolution gives up its workspace. New swaps are
+prefetched as early as the static profile (planning.Evictions) leaves room for. Repeat until it
+fits (the same loop repairs plans during the local search).
+
+**2. Local search** (local.search), first improvement, from the greedy plan: (a) prefetches of
+maps whose reader, or an op between issue and reader, stalled: 1..16 ops earlier; (b) each moved
+map and the MAX_TOGGLE_CANDIDATES largest: keep / swap / drop (a map brought back to the device,
+or fetched earlier, is repaired by the greedy loop, a few steps at most, when it no longer fits:
+that is how one eviction is traded for others); (c) prefetches later, just in time
+(planning.jit_prefetch_slots) or as early as possible; (d) each convolution's algorithm; (e)
+wait_for_memory. A move is kept when its plan fits and is strictly faster. At a local optimum,
+`kicks` perturbations (three random decision changes, then the greedy repair) restart it; the
+best plan is kept. Move order is shuffled by a seeded generator: a search is a pure function of
+(trace, hardware, capacity, allocator, seed, kicks) unless the time budget cuts it short, which
+the result reports (`converged: false`). The result is never slower than the greedy start.
+
+**Lower bound** (bound.lower_bound): max(compute, link):
+- compute: the iteration with nothing moved and ample memory (launch gaps included), each
+  convolution at its fastest algorithm whose working set can fit (forced_workspace_free);
+- link = M / d2h bandwidth + M / h2d bandwidth. M, the bytes that must leave the GPU, is the
+  largest excess over the capacity, over all ops, of the least the device must hold while that
+  op runs: every tensor the trace has alive then (freed after its last reader), without the
+  saved feature maps the op does not touch and without workspaces a workspace-free algorithm
+  avoids. Those bytes are copied out before the op and back after it (every saved map is read
+  again in backward), so the two copies cannot overlap each other.
+Recomputation takes bytes off without the link, so `recompute_bound_us` is the bound that holds
+for every plan vsim can express: at each op, the least over how many of its M bytes are dropped
+instead (cheapest first: each producer's fastest time over the bytes of its outputs that are
+away) of max(compute + recomputation, link time of the rest); the largest over all ops.
+"""
+
+from __future__ import annotations
+
+from .bound import forced_workspace_free, lower_bound
+from .local import SearchResult, greedy, repair, search
+from .problem import MIN_CANDIDATE_BYTES, Genome, Outcome, Problem
+
+__all__ = ["MIN_CANDIDATE_BYTES", "Genome", "Outcome", "Problem", "SearchResult",
+           "forced_workspace_free", "greedy", "lower_bound", "repair", "search"]

@@ -1,0 +1,137 @@
+"""The `vsim search` verb's work: search a plan, run the built-in policies for comparison, compute
+the lower bound, save the plan, and return one result object (the CLI prints it).
+
+Built-in policies: every registered policy at its defaults plus the variants in
+BUILTIN_VARIANTS (a variant whose spec no longer parses is skipped). They run in a child
+process (fork, where there is one) while the search runs, each through `simulate`, as
+`vsim run` would.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from ..allocator.base import AllocatorSpec
+from ..engine import allocator_spec_string, simulate
+from ..errors import VsimError
+from ..hardware import Hardware
+from ..plan_io import SavedPlan, file_sha256, save_plan, trace_digest
+from ..policies import make_policy, registry
+from ..policies.planning import _Given
+from ..policies.saved import SavedPlanPolicy
+from ..trace.schema import Trace
+from .bound import lower_bound
+from .local import search
+
+BUILTIN_VARIANTS = (
+    "none:algo=memory", "vdnn:mode=conv", "vdnn:mode=dyn", "vdnn:algo=memory",
+    "vdnn:mode=conv,algo=memory", "vdnnpp:mode=conv", "vdnnpp:algo=memory",
+    "superneurons:recompute=off", "superneurons:recompute=memory", "layrub:buffers=1",
+    "layrub:buffers=4", "recompute:strategy=sqrt", "recompute:strategy=every-k,k=2",
+    "recompute:strategy=every-k,k=3", "accudnn:algo=memory", "hybrid:algo=memory")
+"""Key variants run besides each policy's defaults."""
+
+
+def builtin_specs() -> list[str]:
+    """Normalised specs: every registered policy (but `plan`) at its defaults, then the
+    variants."""
+    specs: list[str] = []
+    for name in sorted(registry()):
+        if name != "plan":
+            specs.append(make_policy(name).spec())
+    for v in BUILTIN_VARIANTS:
+        try:
+            spec = make_policy(v).spec()
+        except VsimError:
+            continue
+        if spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+def run_builtins(trace: Trace, hw: Hardware, capacity_bytes: int, allocator: AllocatorSpec,
+                 specs: list[str]) -> list[dict[str, Any]]:
+    """One row per policy: fits, iteration time (None when it does not fit), and where the
+    time went. A policy that raises is a row with `error` (a bug there, not here)."""
+    rows = []
+    for spec in specs:
+        try:
+            r = simulate(trace, hw, make_policy(spec), allocator, capacity_bytes).report
+        except Exception as exc:  # noqa: BLE001 (report another policy's bug, keep going)
+            rows.append({"policy": spec, "fits": False, "iteration_time_us": None,
+                         "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        rows.append({"policy": r["policy"], "fits": r["fits"],
+                     "iteration_time_us": r["iteration_time_us"] if r["fits"] else None,
+                     "stall_time_us": r["stall_time_us"],
+                     "recompute_time_us": r["recompute_time_us"],
+                     "d2h_bytes": r["d2h_bytes"],
+                     "peak_allocated_bytes": r["peak_allocated_bytes"]})
+    return rows
+
+
+def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: AllocatorSpec
+                    ) -> tuple[Future[list[dict[str, Any]]] | None, ProcessPoolExecutor | None]:
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None, None
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    return pool.submit(run_builtins, trace, hw, capacity, allocator, builtin_specs()), pool
+
+
+def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
+               allocator: AllocatorSpec, *, seed: int = 0, budget_s: float = 60.0,
+               kicks: int = 4, builtins: bool = True, output: str | None = None,
+               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Search, compare, bound, and save the plan to `output` (when given). Returns
+    {trace, hardware, capacity_bytes, allocator, search, best_builtin, builtins, bound,
+    plan_file}; `search.report` is the `vsim run --json` report of the plan found."""
+    future, pool = (_start_builtins(trace, hw, capacity_bytes, allocator) if builtins
+                    else (None, None))
+    try:
+        bound = lower_bound(trace, hw, capacity_bytes)
+        found = search(trace, hw, capacity_bytes, allocator, seed=seed, budget_s=budget_s,
+                       kicks=kicks, log=log)
+        if builtins:
+            rows = future.result() if future is not None else \
+                run_builtins(trace, hw, capacity_bytes, allocator, builtin_specs())
+        else:
+            rows = []
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    summary = {
+        "iteration_time_us": found.outcome.time_us if found.outcome.fits else None,
+        "fits": found.outcome.fits,
+        "greedy_iteration_time_us": (found.greedy_outcome.time_us
+                                     if found.greedy_outcome.fits else None),
+        "seed": seed, "kicks": kicks, "budget_s": budget_s, "evaluations": found.evaluations,
+        "seconds": round(found.seconds, 3), "sim_seconds": round(found.sim_seconds, 3),
+        "converged": found.converged, **found.summary_counts(),
+    }
+    fitting = [r for r in rows if r["fits"]]
+    best = min(fitting, key=lambda r: r["iteration_time_us"]) if fitting else None
+    saved = SavedPlan(
+        plan=found.plan, trace_digest=trace_digest(trace), trace_path=trace_path,
+        file_sha256=file_sha256(trace_path), hardware=hw.name, capacity_bytes=capacity_bytes,
+        trace_label=f"{trace.meta.get('model', '?')} batch {trace.meta.get('batch_size', '?')}",
+        search={**summary, "allocator": allocator_spec_string(allocator),
+                "best_builtin": None if best is None else {
+                    "policy": best["policy"], "iteration_time_us": best["iteration_time_us"]},
+                "bound_us": bound["bound_us"],
+                "recompute_bound_us": bound["recompute_bound_us"]})
+    if output:
+        save_plan(saved, output)
+        report = simulate(trace, hw, SavedPlanPolicy(file=output), allocator,
+                          capacity_bytes).report
+    else:
+        report = simulate(trace, hw, _Given(found.plan), allocator, capacity_bytes).report
+        report["policy"] = "search (not saved: give -o)"
+    return {
+        "trace": trace_path, "hardware": hw.name, "capacity_bytes": capacity_bytes,
+        "allocator": allocator_spec_string(allocator),
+        "search": {**summary, "report": report},
+        "best_builtin": best, "builtins": rows, "bound": bound, "plan_file": output,
+    }
