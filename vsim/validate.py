@@ -74,8 +74,8 @@ def load_cases(paths: list[str]) -> list[Case]:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"invalid YAML{at}", str(f)) from None
-        if isinstance(doc, dict) and doc.get("kind") == "paper":
-            continue  # paper figures are checked by vsim.paper, not here
+        if isinstance(doc, dict) and doc.get("kind") in ("paper", "benchmarks"):
+            continue  # paper figures are checked by vsim.paper (benchmarks: its calibration)
         entries = doc.get("cases") if isinstance(doc, dict) and "cases" in doc else [doc]
         if not isinstance(entries, list):
             raise ConfigError("'cases' must be a list", str(f))
@@ -198,3 +198,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "fits_correct": sum(r["predicted"]["fits"] == bool(r["measured"]["fits"])
                                 for r in rows),
             "ok": sum(r["ok"] for r in rows)}
+
+
+def paper_files(paths: list[str]) -> list[Path]:
+    """The `kind: paper` files among `paths` (files, or every *.yaml in folders), which
+    vsim.paper checks."""
+    from .paper import is_paper_file
+
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            files.extend(f for f in sorted(path.rglob("*.yaml")) if is_paper_file(f))
+        elif path.is_file() and is_paper_file(path):
+            files.append(path)
+    return files
