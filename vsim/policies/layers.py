@@ -76,6 +76,23 @@ class TraceView:
         for o in trace.ops:
             for t in o.frees:
                 self.free_op.setdefault(t, o.id)
+        self._fwd_readers: dict[int, tuple[int, ...]] = {}
+        self._bwd_readers: dict[int, tuple[int, ...]] = {}
+        for t, rs in self.readers.items():
+            self._fwd_readers[t] = tuple(r for r in rs if self.op[r].phase == "fwd")
+            self._bwd_readers[t] = tuple(r for r in rs if self.op[r].phase == "bwd")
+        # op -> tensors it modifies in place (see inplace_ops); tensor -> those ops
+        self.modifies: dict[int, frozenset[int]] = {}
+        inplace: dict[int, list[int]] = defaultdict(list)
+        for o in trace.ops:
+            if o.phase != "fwd" or not is_inplace(o):
+                continue
+            targets = frozenset(t for t in o.reads if self.tensor[t].producer != o.id)
+            self.modifies[o.id] = targets
+            for t in targets:
+                inplace[t].append(o.id)
+        self._inplace = {t: tuple(sorted(ops, key=self.pos.__getitem__))
+                         for t, ops in inplace.items()}
 
     def _close(self, run: list[Op]) -> None:
         lay = Layer(len(self.layers), run[0].layer, run[0].layer_type, run[0].phase,
@@ -87,10 +104,10 @@ class TraceView:
     # ------------------------------------------------------------ tensors
 
     def fwd_readers(self, t: int) -> tuple[int, ...]:
-        return tuple(r for r in self.readers.get(t, ()) if self.op[r].phase == "fwd")
+        return self._fwd_readers.get(t, ())
 
     def bwd_readers(self, t: int) -> tuple[int, ...]:
-        return tuple(r for r in self.readers.get(t, ()) if self.op[r].phase == "bwd")
+        return self._bwd_readers.get(t, ())
 
     def last_fwd_reader(self, t: int) -> int | None:
         r = self.fwd_readers(t)
@@ -121,8 +138,7 @@ class TraceView:
     def inplace_ops(self, t: int) -> tuple[int, ...]:
         """Forward ops other than its producer that modify `t` in place (aten::relu_, add_, ...):
         t's content is final only after them, and copying t while one runs would race."""
-        producer = self.tensor[t].producer
-        return tuple(r for r in self.fwd_readers(t) if r != producer and is_inplace(self.op[r]))
+        return self._inplace.get(t, ())
 
     # ------------------------------------------------------------ slots (see module docstring)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,12 +53,13 @@ def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
             keep.append(r)
     if not keep:
         return [], []
-    estimated = sum(r.note == "estimated" for r in keep)
     names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
+    how = {n: sum(r.note == n for r in keep) for n in ("measured", "modelled", "estimated")}
+    times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
     out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
-           f"would not fit otherwise: {names}"]
-    if estimated:
-        out.append(f"{SLOWDOWN_NOTE} ({estimated} ops)")
+           f"would not fit otherwise: {names} (their times: {times}; see algorithms.py)"]
+    if how["estimated"]:
+        out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
     return keep, out
 
 
@@ -189,7 +190,7 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     chosen: list[int] = []
     for o in reversed(ops):
         op = view.op[o]
-        if needed & set(op.writes) or any(o in view.inplace_ops(t) for t in needed):
+        if needed & set(op.writes) or needed & view.modifies.get(o, frozenset()):
             chosen.append(o)
             for t in op.reads:
                 producer = view.tensor[t].producer
@@ -347,11 +348,17 @@ class Evictions:
         return Swap(t, last, True, last, self.view.end(last), self.need(t))
 
     def trial_swap(self, t: int) -> Swap:
-        """The swap of `t` as it would be, behind the swaps already chosen on the D2H engine."""
-        trial = {k: replace(v) for k, v in self.swaps.items()}
-        trial[t] = self.swap(t)
-        self.timeline.release_slots(list(trial.values()))
-        return trial[t]
+        """The swap of `t` as it would be, behind the swaps already chosen on the D2H engine
+        (those issued before it; it does not see how it would delay later ones)."""
+        s = self.swap(t)
+        view, tl = self.view, self.timeline
+        key = (view.pos[s.offload_op], s.after, s.tensor)
+        i = bisect.bisect_left(self._queue_keys, key)
+        issue = view.end_time(s.offload_op) if s.after else view.time_at(s.offload_op)
+        start = max(issue, self._queue_ends[i - 1] if i else 0.0)
+        s.copy_done_us = start + tl.d2h_us(view.tensor[t].size_bytes)
+        s.release_slot = max(view.end(s.release_after), 2 * tl.op_at(s.copy_done_us) + 1)
+        return s
 
     def gone_from(self, s: Swap) -> int:
         """First slot without the device copy. Blocking (Plan.wait_for_memory): an op that
@@ -361,7 +368,7 @@ class Evictions:
 
     def swap_window(self, t: int) -> tuple[int, int]:
         """Slots in which the tensor is off the device if swapped now."""
-        s = self.trial_swap(t)
+        s = self.swap(t) if self.blocking else self.trial_swap(t)
         return self.gone_from(s), self.view.start(s.need_op)
 
     def blocking_us(self, t: int, slot: int) -> float:
@@ -387,6 +394,11 @@ class Evictions:
         u.view = self.view
         u.bytes = self.base.bytes.copy()
         self.timeline.release_slots(list(self.swaps.values()))
+        view = self.view
+        queue = sorted(self.swaps.values(),
+                       key=lambda s: (view.pos[s.offload_op], s.after, s.tensor))
+        self._queue_keys = [(view.pos[s.offload_op], s.after, s.tensor) for s in queue]
+        self._queue_ends = [s.copy_done_us for s in queue]
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
             u.remove(size, self.gone_from(s), self.view.start(s.need_op))

@@ -17,7 +17,8 @@ Strategies:
   segment s's layers, the device holds the trace's profile without feature maps (weights,
   gradients, workspaces), s's own maps as the plan would hold them (dropped ones away between
   their drop and the recomputation) and the checkpoints of the segments before s. The DP keeps,
-  for each cut, the Pareto set of (checkpoint bytes so far, recomputation time). The result is
+  for each cut, the Pareto set of (checkpoint bytes so far, recomputation time), over segments
+  of at most max(16, 3 ceil(sqrt(n))) layers (an approximation on deep networks). The result is
   checked against the static profile and one simulated iteration, and planned again with a
   tighter budget when either exceeds the capacity. Under algo=auto, while no segmentation fits,
   the convolution with the largest workspace runs without it and the DP tries again; with none
@@ -66,7 +67,6 @@ class SegmentCost:
     transient_bytes: int
     recompute_us: float
     valid: bool
-    span: tuple[tuple[int, int], tuple[int, int]]  # forward and backward slot spans
 
 
 class Segmenter:
@@ -83,6 +83,17 @@ class Segmenter:
         self.cands = [i for i, lay in enumerate(view.fwd)
                       if any(t in self.saved for t in view.outputs(lay))]
         self._cache: dict[tuple[int, int], SegmentCost] = {}
+        self.durs = {r.op: r.dur_us for r in self.retimes}
+        # per forward layer: the saved maps its ops write; per map: the layer that made it, the
+        # last forward layer that reads it, and its first backward reader
+        self.produced: list[list[int]] = [
+            [t for o in lay.ops for t in view.op[o].writes if t in self.saved]
+            for lay in view.fwd]
+        self.made_in = {t: i for i, ts in enumerate(self.produced) for t in ts}
+        layer_of = {o: i for i, lay in enumerate(view.fwd) for o in lay.ops}
+        self.last_read_in = {t: max((layer_of.get(r, -1) for r in view.fwd_readers(t)),
+                                    default=-1) for t in self.made_in}
+        self.first_need = {t: view.first_bwd_reader(t) for t in self.made_in}
         # Forward layer each op belongs to (backward ops: their module's forward layer; -1 for
         # the optimizer and ops of no forward layer), repeated per slot.
         bwd_index = {id(lay): j for j, lay in enumerate(view.bwd)}
@@ -98,6 +109,12 @@ class Segmenter:
     def n(self) -> int:
         return len(self.cands)
 
+    @property
+    def max_len(self) -> int:
+        """Longest segment the DP considers, in layers: max(16, 3 ceil(sqrt(n))), three times
+        the sqrt schedule's, which keeps the DP near n^1.5 on networks of hundreds of layers."""
+        return max(16, 3 * math.ceil(math.sqrt(self.n)))
+
     def layers(self, a: int, b: int) -> range:
         """Forward layer indices of the segment holding candidates a..b-1."""
         lo = self.cands[a - 1] + 1 if a > 0 else 0
@@ -111,40 +128,26 @@ class Segmenter:
 
     def _cost(self, a: int, b: int) -> SegmentCost:
         view = self.view
-        layers = [view.fwd[i] for i in self.layers(a, b)]
-        ops = [o for lay in layers for o in lay.ops]
-        in_seg = set(ops)
-        last_layer_ops = set(layers[-1].ops)
-        produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
-        kept, dropped = [], []
-        for t in produced:
-            outside = any(r not in in_seg for r in view.fwd_readers(t))
-            if view.tensor[t].producer in last_layer_ops or outside:
-                kept.append(t)
-            else:
-                dropped.append(t)
-        fwd_span = (view.start(ops[0]), view.end(ops[-1]) + 1)
-        frees = [view.free_slot(t) for t in produced]
-        needs = [view.first_bwd_reader(t) for t in produced]
-        bwd_lo = min(view.start(n) for n in needs if n is not None)
-        bwd_span = (bwd_lo, max(frees))
+        lo, hi = self.layers(a, b).start, self.layers(a, b).stop - 1
+        produced = [t for i in range(lo, hi + 1) for t in self.produced[i]]
+        # kept: the last layer's maps and any map a later layer reads (checkpoints)
+        kept = [t for t in produced if self.made_in[t] == hi or self.last_read_in[t] > hi]
+        kept_set = set(kept)
+        dropped = [t for t in produced if t not in kept_set]
         kb = sum(view.tensor[t].size_bytes for t in kept)
         db = sum(view.tensor[t].size_bytes for t in dropped)
         if not dropped:
-            return SegmentCost((), (), None, kb, 0, 0, 0.0, True, (fwd_span, bwd_span))
+            return SegmentCost((), (), None, kb, 0, 0, 0.0, True)
         drop_set = set(dropped)
-        before = min((view.first_bwd_reader(t) for t in dropped),
-                     key=lambda o: view.pos[o])  # type: ignore[arg-type,index]
-        assert before is not None
+        before = min((self.first_need[t] for t in dropped), key=view.pos.__getitem__)
         slot = view.before(before)
+        ops = [o for i in range(lo, hi + 1) for o in view.fwd[i].ops]
         chain = rebuild_chain(view, ops, dropped, slot)
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
         transient = self.transient_bytes(chain, drop_set, slot)
-        durs = {r.op: r.dur_us for r in self.retimes}
-        us = sum(durs.get(o, view.op[o].dur_us) for o in chain)
-        return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid,
-                           (fwd_span, bwd_span))
+        us = sum(self.durs.get(o, view.op[o].dur_us) for o in chain)
+        return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid)
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
@@ -241,7 +244,7 @@ class Segmenter:
             [[] for _ in range(n)]
         for b in range(1, n + 1):
             options = []
-            for a in range(b):
+            for a in range(max(0, b - self.max_len), b):
                 if not fronts[a]:
                     continue
                 c = self.cost(a, b)
