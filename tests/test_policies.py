@@ -33,9 +33,18 @@ from vsim.engine import simulate
 from vsim.errors import PolicyError
 from vsim.hardware import load_hardware
 from vsim.policies import make_policy, registry
-from vsim.policies.base import Drop, Offload, Prefetch, Recompute, Release, Retime, Sync
+from vsim.policies.base import (
+    Drop,
+    Offload,
+    Plan,
+    Prefetch,
+    Recompute,
+    Release,
+    Retime,
+    Sync,
+)
 from vsim.policies.layers import TraceView
-from vsim.policies.planning import Usage
+from vsim.policies.planning import Usage, algorithm_retimes, fit_by_profiling
 
 M = 1_000_000
 NET = torch_net(
@@ -419,3 +428,42 @@ def test_any_plan_runs_and_respects_the_capacity_when_it_fits(net, spec, fractio
     else:
         assert r["oom"] is not None
     assert r["d2h_bytes"] >= r["h2d_bytes"] >= 0
+
+
+# ---------------------------------------------------------------- convolution algorithms
+
+WIDE = torch_net(
+    [("conv", 400 * M), ("relu", 0), ("conv", 400 * M), ("relu", 0), ("pool", 100 * M),
+     ("conv", 200 * M), ("relu", 0), ("fc", 10 * M), ("loss", 0)],
+    100 * M, fwd_us={"conv": 10_000, "relu": 500, "pool": 1_000, "fc": 2_000, "loss": 500},
+    weight_bytes=10 * M, workspace_bytes=1000 * M, opt_us=1_000)
+
+
+def test_algo_auto_downgrades_only_the_convolution_that_cannot_fit_its_workspace():
+    # 1000 MB workspaces, capacity 1700 MB. What must be on the device while each convolution
+    # runs, whatever is moved away: weights 40 + what it reads and writes + its workspace:
+    #   conv0: input 100 + y0 400 + 1000 = 1540;  conv2: y0 400 + y2 400 + 1000 = 1840 > 1700;
+    #   conv5: p 100 + y5 200 + 1000 = 1340.   So only conv2's forward (op 2) is downgraded.
+    view = TraceView(WIDE)
+    retimes, notes = algorithm_retimes(WIDE, view, "auto", 1700 * M)
+    assert [r.op for r in retimes] == [2] and retimes[0].workspace_bytes == 0
+    assert "conv2 fwd" in notes[0]
+    assert algorithm_retimes(WIDE, view, "performance", 1700 * M) == ([], [])
+    assert len(algorithm_retimes(WIDE, view, "memory", 1700 * M)[0]) == 6
+    # With the recorded algorithm nothing fits (conv2's forward); with auto it does.
+    assert not run("accudnn:algo=performance", 1700 * M, WIDE)["fits"]
+    r = run("accudnn", 1700 * M, WIDE)
+    assert r["fits"] and r["peak_allocated_bytes"] <= 1700 * M
+
+
+def test_profiling_run_downgrades_the_convolution_whose_workspace_it_could_not_allocate():
+    # A build that only honours the downgrades it is given (no offload): at 1800 MB the plain
+    # replay runs out allocating conv2's workspace (1940 MB needed in its forward); the second
+    # plan runs conv2 without it and runs out at conv5's (input 100 + weights 40 + y0, y2 800 +
+    # p, idx 200 + y5 200 + 1000 = 2340 MB); the third runs both without and fits (peak 1760 MB
+    # + 4 B, at relu3's backward), with the budget unchanged.
+    def build(budget, forced):
+        return Plan(actions=tuple(Retime(o, 1.0, 0) for o in sorted(forced)))
+
+    p, notes = fit_by_profiling(WIDE, HW, 1800 * M, build)
+    assert p.actions == (Retime(2, 1.0, 0), Retime(5, 1.0, 0)) and notes == []
