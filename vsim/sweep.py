@@ -277,6 +277,19 @@ def _trace(path: str, file: str | None = None) -> Trace:
     return _TRACES[path]
 
 
+_RETARGETED: dict[tuple[str, str], Trace] = {}
+
+
+def _trace_on(cfg: Config, file: str | None = None) -> Trace:
+    """The configuration's trace with op times for its GPU: retargeted through the compute
+    model when recorded on another one (vsim.retarget, as `vsim run` does), once per worker."""
+    key = (cfg.trace, cfg.hw)
+    if key not in _RETARGETED:
+        from .retarget import for_hardware
+        _RETARGETED[key] = for_hardware(_trace(cfg.trace, file), _hardware(cfg.hw))[0]
+    return _RETARGETED[key]
+
+
 def _hardware(spec: str) -> Hardware:
     if spec not in _HARDWARE:
         _HARDWARE[spec] = load_hw_spec(spec)
@@ -290,7 +303,7 @@ def _baseline_us(cfg: Config) -> float | None:
         from .allocator import make_allocator
         from .engine import simulate
         from .policies import make_policy
-        report = simulate(_trace(cfg.trace), _hardware(cfg.hw), make_policy("none"),
+        report = simulate(_trace_on(cfg), _hardware(cfg.hw), make_policy("none"),
                           make_allocator(cfg.allocator), AMPLE_BYTES).report
         _BASELINES[key] = report["iteration_time_us"] if report["fits"] else None
     return _BASELINES[key]
@@ -307,7 +320,7 @@ def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
     from .policies import make_policy
 
     try:
-        trace, hw = _trace(cfg.trace, trace_file), _hardware(cfg.hw)
+        trace, hw = _trace_on(cfg, trace_file), _hardware(cfg.hw)
         base = _baseline_us(cfg)
         start = time.perf_counter()
         result = simulate(trace, hw, make_policy(cfg.policy), make_allocator(cfg.allocator),

@@ -151,11 +151,14 @@ def run_case(case: Case) -> dict[str, Any]:
     from .engine import simulate
     from .hardware import load_hardware
     from .policies import make_policy
+    from .retarget import for_hardware
     from .trace import load_trace
 
     trace = load_trace(case.trace)
     measured = measured_result(case, trace.measured)
-    report = simulate(trace, load_hardware(case.hardware), make_policy(case.policy),
+    hw = load_hardware(case.hardware)
+    trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
+    report = simulate(trace, hw, make_policy(case.policy),
                       make_allocator(case.allocator), case.memory_bytes).report
     predicted = {k: report[k] for k in ("iteration_time_us", "peak_allocated_bytes",
                                         "peak_reserved_bytes", "fits")}
