@@ -115,6 +115,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_record)
 
+    p = verbs.add_parser("measure", help="train with a policy's plan carried out for real "
+                         "and record time and memory (needs torch; a GPU, or --device cpu)")
+    p.add_argument("model", help="zoo model name, torchvision name or module:callable")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--policy", required=True, help="policy spec NAME[:key=value,...]")
+    p.add_argument("--memory", help="cap the process at this much device memory, e.g. 12GiB "
+                   "(set_per_process_memory_fraction; also the capacity the plan is made for)")
+    p.add_argument("--hw", default="h100-sxm", help="hardware profile the plan is made with "
+                   "(default: %(default)s)")
+    p.add_argument("--trace", help="the trace to plan (default: record one first)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10, help="timed iterations (median)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the gradient check against the run without a policy")
+    p.add_argument("--no-strict", action="store_true",
+                   help="run a recomputation that cannot rebuild a tensor's final value as "
+                   "planned instead of stopping (the check then shows the damage)")
+    p.add_argument("-o", "--output", required=True, help="result JSON")
+    p.set_defaults(handler=cmd_measure)
+
     p = verbs.add_parser("import", help="convert a PyTorch capture into a trace")
     p.add_argument("kind", choices=("torch-snapshot", "kineto"))
     p.add_argument("input")
@@ -379,6 +400,34 @@ def cmd_record(args: argparse.Namespace) -> int:
                          iters=args.iters, progress=_progress)
     save_trace(trace, args.output)
     _progress(f"wrote {args.output}")
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    _check_output(args.output, "-o")
+    if args.batch <= 0:
+        raise ConfigError(f"--batch must be above zero, got {args.batch}")
+    if args.iters < 1 or args.warmup < 0:
+        raise ConfigError("--iters must be at least 1 and --warmup at least 0")
+    memory = _capacity(args.memory)
+    from .hardware import load_hardware
+    from .policies import make_policy
+
+    make_policy(args.policy)  # bad specs and profiles end here, before any GPU work
+    load_hardware(args.hw)
+    if args.trace:
+        from .trace import load_trace
+        load_trace(args.trace)
+    from .record.measure import measure, measure_command, summary_line, write_json
+
+    command = measure_command(args.model, args.batch, args.policy, memory, args.hw,
+                              args.trace, args.output)
+    result = measure(args.model, args.batch, args.policy, memory_bytes=memory,
+                     hardware=args.hw, trace_path=args.trace, device=args.device,
+                     warmup=args.warmup, iters=args.iters, check=not args.no_check,
+                     strict=not args.no_strict, progress=_progress, command=command)
+    write_json(result, args.output)
+    _progress(f"{summary_line(result)}; wrote {args.output}")
     return 0
 
 

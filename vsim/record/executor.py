@@ -1,0 +1,741 @@
+"""Carry out a policy's plan for real inside PyTorch training iterations (`vsim measure`).
+
+`Tracker`, a TorchDispatchMode, counts the iteration's aten calls and checks each against the
+OpMap (vsim.record.opmap: which trace op each call belongs to, which trace tensor each output
+is), so a run that diverges from the trace stops with OpSequenceError; at each op boundary the
+`Executor` carries out the plan's actions.
+
+How the actions are carried out (`Executor`): a tensor of the trace is a storage (one allocation
+of the caching allocator), so actions work on storages, which every reference to the tensor
+shares -- autograd's saved variables, views, the model's own Python locals:
+- Offload: at its op, the D2H stream waits for the compute stream (an event recorded there), then
+  copies the storage's bytes into a host buffer (pinned unless the plan stages through pageable
+  memory; a slot of one pinned pool when the plan has `pinned_pool_bytes`); `record_stream` marks
+  the block as used by the D2H stream. Release: when op `release_after` has ended (in launch
+  order), the storage is resized to 0 bytes, which frees the block; the caching allocator does not
+  hand it out again before the copy's work on the D2H stream is done.
+- Prefetch: the storage is resized back (allocated on the compute stream, so the allocator's
+  stream order protects earlier users of the memory), the H2D stream waits for the compute stream
+  and for the tensor's D2H copy, copies the bytes back, and records an event that op `needed_by`
+  makes the compute stream wait for.
+- Sync: the compute stream waits for everything issued so far on both copy streams.
+- Drop and Release: the storage is resized to 0 bytes (no copy).
+- Recompute: the aten calls of the chain's ops are recorded (function, arguments as storage
+  references, RNG state for random ops) while the forward pass runs them; before op `before_op`
+  they are called again, outside autograd. A dropped tensor gets its bytes back by swapping the
+  recomputed storage's memory into it (`UntypedStorage._swap_data_ptr_`, no copy; a copy where
+  that is missing); intermediates live only while the chain runs. Arguments that the original
+  call mutated but that the chain does not produce (batch-norm running statistics) get copies,
+  so that the recomputation has no side effect.
+- Retime is not executed (see measure.py's notes): cuDNN picks and caches an algorithm per
+  convolution shape and PyTorch offers no per-call choice.
+On the CPU (tests) copies are synchronous and there are no streams or events.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
+from ..trace.schema import Trace
+from .opmap import OpMap, OpSequenceError, is_profiler_op
+
+
+class ExecutorError(RuntimeError):
+    """The plan asked for something the run cannot do (a bug in a policy or in the executor)."""
+
+
+class _Gone(Exception):
+    """A recorded argument's storage is gone or empty."""
+
+
+# ---------------------------------------------------------------- the tracker
+
+def _same(t: Any) -> Any:
+    return t
+
+
+def _uses_rng(func: Any) -> bool:
+    name = str(func)
+    return any(w in name for w in ("dropout", "bernoulli", "rand", "normal", "uniform",
+                                   "exponential", "multinomial"))
+
+
+class Tracker(TorchDispatchMode):
+    """Counts aten calls, checks each against the OpMap and lets the executor act at op
+    boundaries: before the first call of an op (its kernels are not launched yet) the ops before
+    it have ended in launch order."""
+
+    def __init__(self, ex: Executor) -> None:
+        super().__init__()
+        self.ex = ex
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        ex = self.ex
+        if ex.paused or is_profiler_op(func):
+            return func(*args, **kwargs)
+        k = ex.calls
+        ex.calls = k + 1
+        m = ex.map
+        if k >= m.n_calls or func is not m.funcs[k]:
+            ex.diverged(k, func)
+        op = m.call_op[k]
+        if op > ex.cur:
+            ex.advance(op)
+        rec = ex.recording.get(op)
+        rng = ex.rng_state() if rec is not None and _uses_rng(func) else None
+        out = func(*args, **kwargs)
+        watch = ex.watch.get(k)
+        if watch:
+            ex.register(watch, out)
+        if rec is not None:
+            rec.append(ex.spec_call(func, args, kwargs, out, rng, k))
+        elif ex.rebuilt_storage:
+            ex.note_mutation(func, args, kwargs, out, k)
+        return out
+
+
+# ---------------------------------------------------------------- host buffers
+
+class PinnedPool:
+    """One pinned host buffer, handed out in slots (first fit, merged on return). A slot comes
+    back when the event of its last copy has completed (vDNN++'s reused pool)."""
+
+    def __init__(self, size_bytes: int, pin: bool) -> None:
+        self.size = int(size_bytes)
+        self.buffer = torch.empty(self.size, dtype=torch.uint8, pin_memory=pin)
+        self.free: list[tuple[int, int]] = [(0, self.size)]
+        self.pending: list[tuple[Any, int, int]] = []  # (event or None, offset, size)
+
+    def reset(self) -> None:
+        self.free = [(0, self.size)]
+        self.pending = []
+
+    def _give_back(self, offset: int, size: int) -> None:
+        self.free.append((offset, size))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+    def _collect(self, wait: bool) -> bool:
+        done = [p for p in self.pending if p[0] is None or p[0].query()]
+        if not done and wait and self.pending:
+            self.pending[0][0].synchronize()
+            done = [self.pending[0]]
+        for p in done:
+            self.pending.remove(p)
+            self._give_back(p[1], p[2])
+        return bool(done)
+
+    def take(self, size: int) -> tuple[int, torch.Tensor] | None:
+        size = (int(size) + 511) // 512 * 512
+        while True:
+            for n, (o, s) in enumerate(self.free):
+                if s >= size:
+                    self.free[n] = (o + size, s - size)
+                    if s == size:
+                        del self.free[n]
+                    return o, self.buffer[o:o + size]
+            if not self._collect(wait=True):
+                return None
+
+    def put(self, offset: int, size: int, event: Any) -> None:
+        self.pending.append((event, offset, (int(size) + 511) // 512 * 512))
+
+
+# ---------------------------------------------------------------- the executor
+
+@dataclass
+class _TRef:
+    """A tensor argument of a recorded call: its storage (by key, and weakly), and its view."""
+
+    key: int
+    storage: Any  # weakref.ref to the UntypedStorage
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass
+class _Call:
+    func: Any
+    args: Any
+    kwargs: Any
+    out_keys: list[tuple[int, int]]
+    rng: Any
+    index: int  # the call's number in the iteration
+
+
+def _written_args(func: Any, cache: dict[Any, tuple[tuple[int, str], ...]]
+                  ) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments an aten function writes to (in-place and out=)."""
+    got = cache.get(func)
+    if got is None:
+        schema = getattr(func, "_schema", None)
+        got = tuple((i, a.name) for i, a in enumerate(schema.arguments if schema else ())
+                    if a.alias_info is not None and a.alias_info.is_write)
+        cache[func] = got
+    return got
+
+
+@dataclass
+class IterationStats:
+    d2h_bytes: int = 0
+    h2d_bytes: int = 0
+    offloads: int = 0
+    prefetches: int = 0
+    drops: int = 0
+    releases: int = 0
+    recomputed_calls: int = 0
+    syncs: int = 0
+    inplace_rerun: int = 0
+    inplace_missed: int = 0
+    host_peak_bytes: int = 0
+    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class Executor:
+    """Carries out `plan` during iterations of a step whose aten calls `opmap` maps to `trace`.
+
+    Use: `ex.run(step)` runs one iteration under the tracker (see the module docstring for what
+    each action does). `inputs`: the step's flattened input tensors (resident across
+    iterations; an offloaded input is brought back at the end of the iteration if the plan did
+    not). `pool`: a PinnedPool to reuse (plans with pinned_pool_bytes). `strict`: a Recompute
+    whose tensor was also updated in place by ops outside its chain re-runs those ops too; when
+    it cannot (their other inputs are gone), strict raises ExecutorError, otherwise the tensor
+    is rebuilt as the plan says (its producer's output alone: wrong values, counted in
+    `inplace_missed`)."""
+
+    def __init__(self, plan: Plan, opmap: OpMap, trace: Trace, device: torch.device,
+                 inputs: list[torch.Tensor], pool: PinnedPool | None = None,
+                 strict: bool = True) -> None:
+        self.plan = plan
+        self.strict = strict
+        self.map = opmap
+        self.trace = trace
+        self.device = device
+        self.gpu = device.type == "cuda"
+        self.inputs = inputs
+        self.n_ops = len(trace.ops)
+        self.offload_at: dict[int, list[Offload]] = defaultdict(list)
+        self.offload_after: dict[int, list[Offload]] = defaultdict(list)
+        self.prefetch_at: dict[int, list[Prefetch]] = defaultdict(list)
+        self.needs: dict[int, list[int]] = defaultdict(list)
+        self.sync_after: set[int] = set()
+        self.drop_after: dict[int, list[int]] = defaultdict(list)
+        self.release_after: dict[int, list[int]] = defaultdict(list)
+        self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
+        self.retimed: list[Retime] = []
+        touched: set[int] = set()
+        for a in plan.actions:
+            if isinstance(a, Offload):
+                (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)
+                touched.add(a.tensor)
+            elif isinstance(a, Prefetch):
+                self.prefetch_at[a.at_op].append(a)
+                self.needs[a.needed_by].append(a.tensor)
+                touched.add(a.tensor)
+            elif isinstance(a, Sync):
+                self.sync_after.add(a.after_op)
+            elif isinstance(a, Drop):
+                self.drop_after[a.after_op].append(a.tensor)
+                touched.add(a.tensor)
+            elif isinstance(a, Release):
+                self.release_after[a.after_op].append(a.tensor)
+                touched.add(a.tensor)
+            elif isinstance(a, Recompute):
+                self.recompute_before[a.before_op].append(a)
+                touched.update(a.tensors)
+            elif isinstance(a, Retime):
+                self.retimed.append(a)
+        self.touched = touched
+        self.watch = {k: [(j, t) for j, t in outs if t in touched]
+                      for k, outs in opmap.outputs.items()}
+        self.watch = {k: v for k, v in self.watch.items() if v}
+        self.input_of = {t: i for t, i in opmap.inputs.items() if t in touched}
+        located = {t for v in self.watch.values() for _, t in v} | set(self.input_of)
+        self.unlocated = sorted(touched - located)
+        self._unlocated = set(self.unlocated)
+        self.recorded_ops = {o for rcs in self.recompute_before.values() for rc in rcs
+                             for o in rc.ops}
+        self.rebuilt = {t for rcs in self.recompute_before.values() for rc in rcs
+                        for t in rc.tensors}
+        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        self.pool = pool
+        self.host: dict[int, torch.Tensor] = {}   # per-tensor host buffers, reused
+        self.host_allocated = 0
+        self.pool_overflow = 0
+        if self.gpu:
+            self.d2h = torch.cuda.Stream(device)
+            self.h2d = torch.cuda.Stream(device)
+        self.paused = False
+        self.iterations = 0
+        self._begin()
+
+    # ------------------------------------------------------------ iteration
+
+    def _begin(self) -> None:
+        self.calls = 0
+        self.cur = -1
+        self.storage: dict[int, Any] = {}
+        self.nbytes: dict[int, int] = {}
+        self.state: dict[int, str] = {}
+        self.out_ev: dict[int, Any] = {}
+        self.in_ev: dict[int, Any] = {}
+        self.slot: dict[int, tuple[int, int]] = {}
+        self.pending_release: dict[int, list[int]] = defaultdict(list)
+        self.recording: dict[int, list[_Call]] = {o: [] for o in self.recorded_ops}
+        self.keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # storages of tensors that a Recompute rebuilds -> tensor, and the in-place calls
+        # outside the recomputed chain that changed them before they were dropped
+        self.rebuilt_storage: weakref.WeakKeyDictionary[Any, int] = \
+            weakref.WeakKeyDictionary()
+        self.modifiers: dict[int, list[_Call]] = defaultdict(list)
+        self.next_key = 0
+        self.host_live = 0
+        self.stats = IterationStats()
+        if self.pool is not None:
+            self.pool.reset()
+        for t, i in self.input_of.items():
+            st = self.inputs[i].untyped_storage()
+            self.storage[t] = weakref.ref(st)
+            self.nbytes[t] = st.nbytes()
+            self.state[t] = "device"
+
+    def run(self, step: Callable[[], Any]) -> IterationStats:
+        """One iteration of `step` with the plan carried out; returns its statistics."""
+        self._begin()
+        try:
+            # Identity saved-tensor hooks, as in the recorder's structure pass that the OpMap
+            # comes from: without hooks autograd saves an op's outputs through an extra
+            # aten.detach call, which would shift the call count.
+            with torch.autograd.graph.saved_tensors_hooks(_same, _same), Tracker(self):
+                step()
+            self.finish()
+        except BaseException:
+            self.abort()
+            raise
+        self.iterations += 1
+        return self.stats
+
+    def finish(self) -> None:
+        if self.calls != self.map.n_calls:
+            raise OpSequenceError(f"the iteration ended after {self.calls} aten calls; the trace's "
+                                  f"iteration has {self.map.n_calls} (at op {self.cur})")
+        self.advance(self.n_ops)
+        self._restore_inputs()
+
+    def abort(self) -> None:
+        """After an exception: bring offloaded inputs back, forget the iteration."""
+        try:
+            self._restore_inputs()
+        finally:
+            self.storage = {}
+            self.recording = {}
+
+    def _restore_inputs(self) -> None:
+        for t in self.input_of:
+            st = self._storage(t)
+            if st is None or st.nbytes() == self.nbytes[t]:
+                continue
+            st.resize_(self.nbytes[t])
+            host = self.host.get(t)
+            if host is None and t in self.slot:
+                host = self.pool.buffer[self.slot[t][0]:self.slot[t][0] + self.nbytes[t]]  # type: ignore[union-attr]
+            if host is None:
+                raise ExecutorError(f"input tensor {t} was released without a host copy")
+            if self.gpu:
+                torch.cuda.current_stream().wait_stream(self.d2h)
+            self._view(st).copy_(host[:self.nbytes[t]])
+            self.state[t] = "device"
+            self.stats.skipped["input restored at the end"] += 1
+
+    @contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Aten calls inside are not the step's (capturing gradients for a check)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+    def where(self) -> dict[str, Any]:
+        """The op the run is at (for out-of-memory reports)."""
+        op = self.cur
+        if 0 <= op < self.n_ops:
+            o = self.trace.ops[op]
+            return {"op": op, "name": o.name, "phase": o.phase, "layer": o.layer}
+        return {"op": None if op < 0 else op, "name": None, "phase": None, "layer": None}
+
+    def diverged(self, k: int, func: Any) -> None:
+        m = self.map
+        op = m.call_op[k] if k < m.n_calls else self.cur
+        name = m.op_names[op] if 0 <= op < len(m.op_names) else "-"
+        expected = m.funcs[k] if k < m.n_calls else "the end of the iteration"
+        raise OpSequenceError(f"aten call {k} of the iteration is {func}, the trace's is "
+                              f"{expected} (trace op {op}, {name}): the run diverged from the "
+                              "trace")
+
+    # ------------------------------------------------------------ op boundaries
+
+    def advance(self, op: int) -> None:
+        """Every op before `op` has been launched: end them, start the ones in between (ops
+        without aten calls of their own) and `op`."""
+        while self.cur < op:
+            if self.cur >= 0:
+                self._end(self.cur)
+            self.cur += 1
+            if self.cur < self.n_ops:
+                self._start(self.cur)
+
+    def _start(self, op: int) -> None:
+        for pre in self.prefetch_at.get(op, ()):
+            self._prefetch(pre.tensor)
+        for t in self.needs.get(op, ()):
+            ev = self.in_ev.pop(t, None)
+            if ev is not None:
+                torch.cuda.current_stream().wait_event(ev)
+        for rc in self.recompute_before.get(op, ()):
+            self._recompute(rc)
+        for off in self.offload_at.get(op, ()):
+            self._offload(off)
+
+    def _end(self, op: int) -> None:
+        for off in self.offload_after.get(op, ()):
+            self._offload(off)
+        for t in self.pending_release.pop(op, ()):
+            self._release_offloaded(t)
+        for t in self.drop_after.get(op, ()):
+            self._free(t, "dropped")
+        for t in self.release_after.get(op, ()):
+            self._free(t, "released")
+        if op in self.sync_after and self.gpu:
+            cs = torch.cuda.current_stream()
+            cs.wait_stream(self.d2h)
+            cs.wait_stream(self.h2d)
+            self.stats.syncs += 1
+
+    # ------------------------------------------------------------ storages
+
+    def register(self, watch: list[tuple[int, int]], out: Any) -> None:
+        leaves, _ = tree_flatten(out)
+        for j, t in watch:
+            x = leaves[j]
+            st = x.untyped_storage()
+            self.storage[t] = weakref.ref(st)
+            self.nbytes[t] = st.nbytes()
+            self.state[t] = "device"
+            if t in self.rebuilt:
+                self.rebuilt_storage[st] = t
+
+    def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, k: int) -> None:
+        """A call outside every recomputed chain that writes into a tensor a Recompute
+        rebuilds (ResNet's `out += identity`, an in-place ReLU after the producer): the
+        recomputation must re-run it too, or the rebuilt tensor would hold the producer's
+        output instead of its final value (the trace lists in-place updates as reads)."""
+        for i, name in _written_args(func, self._written):
+            x = args[i] if i < len(args) else kwargs.get(name)
+            if not isinstance(x, torch.Tensor):
+                continue
+            t = self.rebuilt_storage.get(x.untyped_storage())
+            if t is not None and self.state.get(t) == "device":
+                self.modifiers[t].append(self.spec_call(func, args, kwargs, out, None, k))
+
+    def _storage(self, t: int) -> Any:
+        ref = self.storage.get(t)
+        st = ref() if ref is not None else None
+        if st is None:
+            self.stats.skipped["tensor not found"] += 1
+        return st
+
+    def _view(self, st: Any) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+
+    def _host_buffer(self, t: int, n: int) -> torch.Tensor:
+        if self.pool is not None:
+            got = self.pool.take(n)
+            if got is not None:
+                self.slot[t] = (got[0], n)
+                return got[1][:n]
+            self.pool_overflow += 1
+        buf = self.host.get(t)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(n, dtype=torch.uint8,
+                              pin_memory=self.gpu and self.plan.pinned)
+            self.host[t] = buf
+            self.host_allocated += n
+        return buf[:n]
+
+    def _offload(self, off: Offload) -> None:
+        t = off.tensor
+        if self.state.get(t) != "device":
+            self.stats.skipped["offload of a tensor not on the device"] += 1
+            return
+        st = self._storage(t)
+        if st is None or st.nbytes() == 0:
+            return
+        n = st.nbytes()
+        host = self._host_buffer(t, n)
+        src = self._view(st)
+        if self.gpu:
+            ev = torch.cuda.current_stream().record_event()
+            self.d2h.wait_event(ev)
+            with torch.cuda.stream(self.d2h):
+                host.copy_(src, non_blocking=self.plan.pinned)
+                self.out_ev[t] = self.d2h.record_event()
+            src.record_stream(self.d2h)
+        else:
+            host.copy_(src)
+        self.state[t] = "offloading"
+        self.stats.offloads += 1
+        self.stats.d2h_bytes += n
+        self.host_live += n
+        self.stats.host_peak_bytes = max(self.stats.host_peak_bytes, self.host_live)
+        rel = off.release_after if off.release_after is not None else off.at_op
+        if rel < self.cur:
+            self._release_offloaded(t)
+        else:
+            self.pending_release[rel].append(t)
+
+    def _release_offloaded(self, t: int) -> None:
+        if self.state.get(t) != "offloading":
+            return
+        st = self._storage(t)
+        if st is not None:
+            st.resize_(0)
+        self.state[t] = "host"
+
+    def _prefetch(self, t: int) -> None:
+        state = self.state.get(t)
+        if state == "offloading":  # still on the device: keep it there
+            for lst in self.pending_release.values():
+                if t in lst:
+                    lst.remove(t)
+            self.state[t] = "device"
+            self.host_live -= self.nbytes.get(t, 0)
+            self._give_slot(t, self.out_ev.get(t))
+            self.stats.skipped["prefetch before the release: kept on the device"] += 1
+            return
+        if state != "host":
+            if state not in ("device", None):
+                self.stats.skipped[f"prefetch of a {state} tensor"] += 1
+            return
+        st = self._storage(t)
+        if st is None:
+            return
+        n = self.nbytes[t]
+        host = self._host_of(t, n)
+        st.resize_(n)
+        dst = self._view(st)
+        if self.gpu:
+            ev = torch.cuda.current_stream().record_event()
+            self.h2d.wait_event(ev)
+            if t in self.out_ev:
+                self.h2d.wait_event(self.out_ev[t])
+            with torch.cuda.stream(self.h2d):
+                dst.copy_(host, non_blocking=self.plan.pinned)
+                done = self.h2d.record_event()
+            dst.record_stream(self.h2d)
+            self.in_ev[t] = done
+        else:
+            dst.copy_(host)
+            done = None
+        self._give_slot(t, done)
+        self.state[t] = "device"
+        self.stats.prefetches += 1
+        self.stats.h2d_bytes += n
+        self.host_live -= n
+
+    def _host_of(self, t: int, n: int) -> torch.Tensor:
+        if t in self.slot:
+            return self.pool.buffer[self.slot[t][0]:self.slot[t][0] + n]  # type: ignore[union-attr]
+        return self.host[t][:n]
+
+    def _give_slot(self, t: int, event: Any) -> None:
+        slot = self.slot.pop(t, None)
+        if slot is not None and self.pool is not None:
+            self.pool.put(slot[0], slot[1], event)
+
+    def _free(self, t: int, how: str) -> None:
+        if t in self._unlocated:
+            return
+        if t in self.input_of:  # the batch is the training loop's, used again next iteration
+            self.stats.skipped[f"{how} input kept"] += 1
+            return
+        state = self.state.get(t)
+        if state == "offloading":
+            for lst in self.pending_release.values():
+                if t in lst:
+                    lst.remove(t)
+        elif state != "device":
+            self.stats.skipped[f"{how} tensor not on the device"] += 1
+            return
+        st = self._storage(t)
+        if st is None:
+            return
+        st.resize_(0)
+        self.state[t] = how
+        if how == "dropped":
+            self.stats.drops += 1
+        else:
+            self.stats.releases += 1
+
+    # ------------------------------------------------------------ recomputation
+
+    def _key(self, st: Any) -> int:
+        k = self.keys.get(st)
+        if k is None:
+            k = self.next_key
+            self.next_key += 1
+            self.keys[st] = k
+        return k
+
+    def rng_state(self) -> Any:
+        if self.gpu:
+            return torch.cuda.get_rng_state(self.device)
+        return torch.get_rng_state()
+
+    def spec_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
+                  index: int) -> _Call:
+        def spec(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                st = x.untyped_storage()
+                return _TRef(self._key(st), weakref.ref(st), tuple(x.shape), tuple(x.stride()),
+                             x.storage_offset(), x.dtype, x.device)
+            return x
+
+        leaves, _ = tree_flatten(out)
+        out_keys = [(j, self._key(x.untyped_storage())) for j, x in enumerate(leaves)
+                    if isinstance(x, torch.Tensor)]
+        return _Call(func, tree_map(spec, args), tree_map(spec, kwargs), out_keys, rng, index)
+
+    def _recompute(self, rc: Recompute) -> None:
+        target: dict[int, int] = {}
+        for t in rc.tensors:
+            if self.state.get(t) != "dropped":
+                continue
+            st = self._storage(t)
+            if st is not None:
+                target[self._key(st)] = t
+        env: dict[int, Any] = {}
+
+        def resolve(r: Any) -> Any:
+            if not isinstance(r, _TRef):
+                return r
+            st = env.get(r.key)
+            if st is None:
+                st = r.storage()
+                if st is None or (st.nbytes() == 0 and r.key not in target):
+                    raise _Gone
+            return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
+                                                                       r.stride)
+
+        calls = [c for op in rc.ops for c in self.recording.get(op, ())]
+        first = min((c.index for c in calls), default=-1)
+        extra = {c.index: c for t in target.values() for c in self.modifiers.get(t, ())
+                 if c.index > first}
+        calls = sorted([*calls, *extra.values()], key=lambda c: c.index)
+        with torch.no_grad():
+            for call in calls:
+                try:
+                    args = list(tree_map(resolve, call.args))
+                    kwargs = dict(tree_map(resolve, call.kwargs))
+                except _Gone:
+                    op = self.map.call_op[call.index]
+                    what = (f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})")
+                    if call.index not in extra:
+                        raise ExecutorError(f"recomputing {what}: {call.func} of op {op} reads "
+                                            "a tensor that is no longer on the GPU") from None
+                    if self.strict:
+                        raise ExecutorError(
+                            f"recomputing {what}: op {op} ({self.map.op_names[op]}) updated a "
+                            "rebuilt tensor in place after its producer, and re-running it "
+                            "needs a tensor that is no longer on the GPU; the plan cannot "
+                            "rebuild the tensor's final value (the chain must include the "
+                            "in-place ops, or the tensor must not be dropped)") from None
+                    self.stats.inplace_missed += 1
+                    continue
+                self._protect_mutated(call, args, kwargs, env, target)
+                out = self._call(call, args, kwargs)
+                self.stats.recomputed_calls += 1
+                self.stats.inplace_rerun += call.index in extra
+                leaves, _ = tree_flatten(out)
+                for j, key in call.out_keys:
+                    o = leaves[j]
+                    ost = o.untyped_storage()
+                    if env.get(key) is ost:
+                        continue
+                    t = target.get(key)
+                    if t is None:
+                        env[key] = ost
+                        continue
+                    tst = self._storage(t)
+                    if tst is None:
+                        continue
+                    if tst.nbytes() == 0:
+                        n = self.nbytes[t]
+                        if ost.nbytes() == n and hasattr(tst, "_swap_data_ptr_"):
+                            tst._swap_data_ptr_(ost)
+                        else:
+                            tst.resize_(n)
+                            view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
+                                tst, o.storage_offset(), o.shape, o.stride())
+                            view.copy_(o)
+                        self.state[t] = "device"
+                    env[key] = tst
+
+    @staticmethod
+    def _protect_mutated(call: _Call, args: list[Any], kwargs: dict[str, Any],
+                         env: dict[int, Any],
+                         target: dict[int, int]) -> None:
+        """Give arguments the call writes to but the chain does not produce (running
+        statistics) copies: the recomputation must not change state twice."""
+        schema = getattr(call.func, "_schema", None)
+        if schema is None:
+            return
+        for i, a in enumerate(schema.arguments):
+            info = a.alias_info
+            if info is None or not info.is_write:
+                continue
+            if i < len(call.args) and not a.kwarg_only:
+                ref, holder, slot = call.args[i], args, i
+            elif a.name in call.kwargs:
+                ref, holder, slot = call.kwargs[a.name], kwargs, a.name
+            else:
+                continue
+            if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
+                holder[slot] = holder[slot].clone()
+
+    def _call(self, call: _Call, args: Any, kwargs: Any) -> Any:
+        if call.rng is None:
+            return call.func(*args, **kwargs)
+        saved = self.rng_state()
+        self._set_rng(call.rng)
+        try:
+            return call.func(*args, **kwargs)
+        finally:
+            self._set_rng(saved)
+
+    def _set_rng(self, state: Any) -> None:
+        if self.gpu:
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            torch.set_rng_state(state)

@@ -1,0 +1,689 @@
+"""`vsim measure`: train with a policy's plan carried out for real, and record what it cost.
+
+    result = measure("vgg16", 256, "vdnn:mode=all", memory_bytes=12 * 2**30,
+                     trace_path="traces/vgg16-b256-h100.vsim.json.gz")
+
+The trace (given, or recorded first by the recorder) is planned with
+`make_policy(spec).plan(trace, load_hardware(hw), capacity)`, exactly as `vsim run` plans it,
+and vsim.record.executor carries the plan out while the zoo model trains (SGD with momentum,
+synthetic data, the recorder's own training step). A `Session` holds one model, batch and trace
+on one device and measures several cases in one process (the suite runs so; `python -m
+vsim.record.measure SUITE.yaml OUT_DIR`).
+
+Per case: the process is capped with `torch.cuda.set_per_process_memory_fraction` (`--memory`),
+the caches are emptied, `warmup` iterations run, then `iters` timed iterations, each
+synchronised before and after, its peak memory read after `reset_peak_memory_stats` (as the
+recorder measures). Out of memory is a result (fits false, with the op it happened at). Then,
+unless told not to, one more iteration with deterministic kernels and no cap checks that the
+loss and every parameter gradient equal those of the same iteration without a policy, from the
+same weights (the reference is taken twice, to see how far the GPU's own nondeterministic
+kernels move it).
+
+The result is a JSON object (`validation/measured/*.json`): iteration_time_us (median),
+iteration_times_us, peak_allocated_bytes and peak_reserved_bytes (medians of per-iteration
+peaks), pinned_host_peak_bytes, h2d_bytes, d2h_bytes (per iteration), fits, oom, executed (what
+the executor did), check, notes (what was approximated), provenance.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .. import __version__
+from ..errors import ConfigError
+from ..hardware import load_hardware
+from ..policies import make_policy
+from ..policies.base import Offload, Plan, Retime
+from ..trace import load_trace
+from ..trace.schema import Trace
+from ..units import format_size
+from .executor import Executor, IterationStats, PinnedPool
+from .opmap import OpMap, map_ops
+from .zoo import build_model
+
+FORMAT = "vsim-measured"
+VERSION = 1
+Progress = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """cuDNN's deterministic algorithms and PyTorch's deterministic mode (warn-only: kernels
+    without a deterministic version still run, and their noise is measured separately)."""
+    cudnn = torch.backends.cudnn
+    prev = (cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        cudnn.deterministic = prev[0]
+        torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
+
+
+def compare_gradients(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+    """Loss and gradients of a run against a reference: bitwise equality, the largest absolute
+    difference, and the largest relative one per tensor (|a - b|_inf / |a|_inf)."""
+    max_abs = max_rel = 0.0
+    bitwise = bool(torch.equal(ref["loss"], got["loss"]))
+    missing = 0
+    for a, b in zip(ref["grads"], got["grads"], strict=True):
+        if a is None or b is None:
+            missing += (a is None) != (b is None)
+            continue
+        bitwise = bitwise and bool(torch.equal(a, b))
+        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        scale = float(a.double().abs().max()) if a.numel() else 0.0
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / scale if scale else (0.0 if diff == 0 else float("inf")))
+    return {"bitwise_equal": bitwise and not missing,
+            "loss": float(got["loss"]), "loss_reference": float(ref["loss"]),
+            "max_abs_grad_diff": max_abs, "max_rel_grad_diff": max_rel,
+            "gradients_missing": missing, "tensors": len(ref["grads"])}
+
+
+def provenance(device: torch.device, command: str) -> dict[str, Any]:
+    """Device, driver and library versions, date and command (no host name)."""
+    from .recorder import _driver_version
+
+    gpu = device.type == "cuda"
+    return {"device": torch.cuda.get_device_name(device) if gpu else "cpu",
+            "driver": _driver_version() if gpu else None,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda if gpu else None,
+            "cudnn": torch.backends.cudnn.version() if gpu else None,
+            "python": platform.python_version(),
+            "vsim": __version__,
+            "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32),
+                     "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": command}
+
+
+def measure_command(model: str, batch: int, policy: str, memory_bytes: int | None,
+                    hardware: str, trace_path: str | None, output: str | None) -> str:
+    parts = ["vsim measure", model, "--batch", str(batch), "--policy", policy]
+    if memory_bytes is not None:
+        parts += ["--memory", format_size(memory_bytes).replace(" ", "")]
+    parts += ["--hw", hardware]
+    if trace_path:
+        parts += ["--trace", trace_path]
+    if output:
+        parts += ["-o", output]
+    return " ".join(parts)
+
+
+class Session:
+    """One model, batch and trace on one device, measured under several policies in turn.
+
+    Built: the zoo model (weights from seed 0), SGD (lr 0.01, momentum 0.9), the synthetic
+    batch; `warmup` plain iterations; a snapshot of weights and optimizer state (every check
+    starts from it); the op map (one iteration under the recorder's structure pass); the
+    reference loss and gradients (deterministic kernels, twice)."""
+
+    def __init__(self, model: str, batch: int, trace: Trace, *, device: str = "cuda",
+                 hardware: str = "h100-sxm", trace_path: str | None = None, warmup: int = 3,
+                 check: bool = True, progress: Progress | None = None) -> None:
+        self.say = progress or _quiet
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("CUDA is not available here; measure with --device cpu")
+        self.gpu = self.device.type == "cuda"
+        self.model_name, self.batch = model, batch
+        self.trace, self.trace_path = trace, trace_path
+        self.hw_name = hardware
+        self.hw = load_hardware(hardware)
+        self.warmup = warmup
+        self.check = check
+        self._uncap()
+        self.net, (inputs, target), self.loss_fn = build_model(model, batch, self.device)
+        self.net.train()
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=0.01, momentum=0.9)
+        self.args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+        self.target = target
+        self.inputs = (inputs, target)
+        self.flat_inputs = [t for t in tree_flatten(self.inputs)[0]
+                            if isinstance(t, torch.Tensor)]
+        self.pool: PinnedPool | None = None
+        for _ in range(warmup):
+            self.step()
+        self._sync()
+        self.snapshot = [t.detach().to("cpu", copy=True) for t in self._state()]
+        self.rng = (torch.get_rng_state(),
+                    torch.cuda.get_rng_state(self.device) if self.gpu else None)
+        self.say(f"{model} (batch {batch}): mapping the trace's ops")
+        self.opmap: OpMap = map_ops(self.step, self.net, self.opt, self.inputs, self.loss_fn,
+                                    self.device, trace)
+        self.say(f"  {self.opmap.n_calls} aten calls, {len(trace.ops)} ops, "
+                 f"{self.opmap.diagnostics['tensors_located']} tensors located")
+        self.reference: dict[str, Any] | None = None
+        self.noise: dict[str, Any] | None = None
+        if check:
+            self.reference = self.gradients(None)
+            again = self.gradients(None)
+            self.noise = compare_gradients(self.reference, again)
+
+    # ------------------------------------------------------------ training
+
+    def step(self, capture: Callable[[torch.Tensor | None], None] | None = None) -> None:
+        """The recorder's training step (vsim.record.recorder.record_model). `capture` is
+        called with the loss after the forward pass (a plan may free the loss in backward)
+        and with None after the backward pass."""
+        loss = self.loss_fn(self.net(*self.args), self.target)
+        if capture is not None:
+            capture(loss)
+        loss.backward()
+        if capture is not None:
+            capture(None)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def _sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize(self.device)
+
+    def _state(self) -> list[torch.Tensor]:
+        out = list(self.params) + [b for b in self.net.buffers()]
+        for p in self.params:
+            st = self.opt.state.get(p, {})
+            out += [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+        return out
+
+    def restore(self) -> None:
+        """Weights, buffers, optimizer state and random generators back to the snapshot."""
+        with torch.no_grad():
+            for t, s in zip(self._state(), self.snapshot, strict=True):
+                t.copy_(s)
+        torch.set_rng_state(self.rng[0])
+        if self.gpu:
+            torch.cuda.set_rng_state(self.rng[1], self.device)
+        self._sync()
+
+    def gradients(self, ex: Executor | None) -> dict[str, Any]:
+        """Loss and parameter gradients of one iteration from the snapshot, deterministic
+        kernels on, with the plan carried out by `ex` (None: no policy)."""
+        self.restore()
+        got: dict[str, Any] = {}
+
+        def capture(loss: torch.Tensor | None) -> None:
+            with ex.untracked() if ex is not None else nullcontext():
+                if loss is not None:
+                    got["loss"] = loss.detach().to("cpu", copy=True)
+                    return
+                got["grads"] = [None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+                                for p in self.params]
+
+        with deterministic():
+            if ex is not None:
+                ex.run(lambda: self.step(capture))
+            else:
+                self.step(capture)
+            self._sync()
+        self.restore()
+        return got
+
+    # ------------------------------------------------------------ memory
+
+    def _uncap(self) -> None:
+        if self.gpu:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+
+    def _cap(self, memory_bytes: int | None) -> None:
+        if not self.gpu:
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        fraction = 1.0 if memory_bytes is None else min(1.0, memory_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+
+    def _clean(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.gpu:
+            self._sync()
+            torch.cuda.empty_cache()
+
+    def _pool(self, plan: Plan) -> PinnedPool | None:
+        if plan.pinned_pool_bytes <= 0:
+            return None
+        if self.pool is None or self.pool.size < plan.pinned_pool_bytes:
+            self.pool = None
+            gc.collect()
+            self.pool = PinnedPool(plan.pinned_pool_bytes, pin=self.gpu and plan.pinned)
+        return self.pool
+
+    # ------------------------------------------------------------ one case
+
+    def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
+            warmup: int | None = None, instrument: bool = False, strict: bool = True,
+            command: str | None = None) -> dict[str, Any]:
+        """Measure one case: the plan of `policy` for this trace at `memory_bytes` (None: the
+        profile's capacity, no cap) carried out for `warmup` + `iters` iterations.
+        `instrument`: run the op tracker even for a plan without actions (to see its cost).
+        `strict`: see Executor (a recomputation that cannot rebuild a tensor's final value
+        raises ExecutorError; otherwise it runs as planned and the check shows the damage)."""
+        warmup = self.warmup if warmup is None else warmup
+        if iters < 1:
+            raise ConfigError(f"--iters must be at least 1, got {iters}")
+        pol = make_policy(policy)
+        capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
+        plan = pol.plan(self.trace, self.hw, capacity)
+        notes = list(plan.notes)
+        self._clean()
+        self._cap(memory_bytes)
+        ex = None
+        if plan.actions or instrument:
+            ex = Executor(plan, self.opmap, self.trace, self.device, self.flat_inputs,
+                          self._pool(plan), strict=strict)
+        times: list[float] = []
+        peaks_a: list[int] = []
+        peaks_r: list[int] = []
+        stats: IterationStats | None = None
+        oom = None
+        i = 0
+        try:
+            for i in range(warmup + iters):
+                self._sync()
+                if self.gpu:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                t0 = time.perf_counter()
+                if ex is not None:
+                    stats = ex.run(self.step)
+                else:
+                    self.step()
+                self._sync()
+                dt = (time.perf_counter() - t0) * 1e6
+                if i >= warmup:
+                    times.append(dt)
+                    if self.gpu:
+                        peaks_a.append(torch.cuda.max_memory_allocated(self.device))
+                        peaks_r.append(torch.cuda.max_memory_reserved(self.device))
+        except torch.OutOfMemoryError as exc:
+            oom = {"iteration": i, "in_warmup": i < warmup,
+                   "message": str(exc).strip().splitlines()[0][:300]}
+            oom.update(ex.where() if ex is not None else {})
+            del exc
+        self._clean()
+        if oom is not None and ex is None:
+            oom.update(self._locate_oom(plan))
+        check: dict[str, Any] | None = None
+        if oom is None and self.check and ex is not None and plan.actions:
+            self._uncap()
+            assert self.reference is not None
+            check = compare_gradients(self.reference, self.gradients(ex))
+            self._clean()
+        elif oom is None and self.check:
+            check = {"skipped": "no plan actions: the run is the reference itself"}
+        if check is not None and self.noise is not None:
+            check["reference_repeat"] = {k: self.noise[k] for k in
+                                         ("bitwise_equal", "max_abs_grad_diff",
+                                          "max_rel_grad_diff")}
+        self._uncap()
+        fits = oom is None
+        notes += self._notes(plan, ex, stats)
+        if command is None:
+            command = measure_command(self.model_name, self.batch, policy, memory_bytes,
+                                      self.hw_name, self.trace_path, None)
+        host_peak = stats.host_peak_bytes if stats is not None else 0
+        if plan.pinned_pool_bytes and ex is not None and ex.pool is not None:
+            host_peak = max(host_peak, plan.pinned_pool_bytes)
+        result: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION,
+            "model": self.model_name, "batch_size": self.batch, "policy": pol.spec(),
+            "hardware": self.hw_name, "trace": self.trace_path,
+            "memory_bytes": memory_bytes, "capacity_bytes": capacity,
+            "fits": fits, "oom": oom,
+            "iteration_time_us": round(statistics.median(times), 3) if fits else None,
+            "iteration_times_us": [round(t, 3) for t in times],
+            "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
+                                     if fits and peaks_a else None),
+            "peak_reserved_bytes": (int(statistics.median_low(peaks_r))
+                                    if fits and peaks_r else None),
+            "peaks_allocated_bytes": peaks_a, "peaks_reserved_bytes": peaks_r,
+            "pinned_host_peak_bytes": host_peak if fits else None,
+            "h2d_bytes": stats.h2d_bytes if stats is not None else 0,
+            "d2h_bytes": stats.d2h_bytes if stats is not None else 0,
+            "iterations": {"warmup": warmup, "measured": len(times)},
+            "plan": _plan_summary(plan),
+            "executed": _executed(stats, ex),
+            "check": check,
+            "notes": notes,
+            "provenance": provenance(self.device, command),
+        }
+        return result
+
+    def _locate_oom(self, plan: Plan) -> dict[str, Any]:
+        """A run without an executor ran out of memory: run one iteration with the op tracker
+        alone to say at which op."""
+        ex = Executor(Plan(), self.opmap, self.trace, self.device, self.flat_inputs)
+        try:
+            ex.run(self.step)
+        except torch.OutOfMemoryError:
+            return ex.where()
+        finally:
+            self._clean()
+        return {"op": None, "note": "a second, tracked iteration did not run out of memory"}
+
+    def _notes(self, plan: Plan, ex: Executor | None, stats: IterationStats | None) -> list[str]:
+        notes: list[str] = []
+        retimes = [a for a in plan.actions if isinstance(a, Retime)]
+        if retimes:
+            notes.append(
+                f"not executed: {len(retimes)} Retime action(s) (ops "
+                f"{', '.join(str(a.op) for a in retimes[:8])}{'...' if len(retimes) > 8 else ''}"
+                "): PyTorch chooses each convolution's cuDNN engine at its first call for a "
+                "shape (heuristics, skipping engines whose workspace does not fit the "
+                "allocator's largest free block) and caches it for the process; there is no "
+                "per-call choice. The run used the engines chosen at the session's first, "
+                "uncapped iterations, the trace's")
+        if ex is None:
+            return notes
+        if ex.unlocated:
+            names = {t.id: t.name for t in self.trace.tensors}
+            notes.append("not found at run time, their actions skipped: tensors "
+                         + ", ".join(f"{t} ({names.get(t, '?')})" for t in ex.unlocated[:8]))
+        if stats is not None and stats.inplace_rerun:
+            notes.append(f"{stats.inplace_rerun} in-place call(s) outside the planned chains "
+                         "re-run with the recomputation (ops that updated a dropped tensor "
+                         "after its producer: the trace lists in-place updates as reads)")
+        if stats is not None and stats.inplace_missed:
+            notes.append(f"WRONG VALUES: {stats.inplace_missed} in-place call(s) that updated "
+                         "dropped tensors after their producer could not be re-run (their "
+                         "inputs were gone): the plan rebuilds those tensors as its producer's "
+                         "output alone (run with strict off; see check)")
+        if stats is not None and stats.skipped:
+            notes.append("executor: " + ", ".join(f"{k} x{v}" for k, v in
+                                                   sorted(stats.skipped.items())))
+        offloads = any(isinstance(a, Offload) for a in plan.actions)
+        if offloads:
+            notes.append("an offloaded tensor's device memory is freed at its release op in "
+                         "launch order (memory_allocated drops then); the caching allocator "
+                         "hands the block out again only after the D2H copy (record_stream)")
+            if plan.pinned_pool_bytes:
+                notes.append(f"one pinned host pool of {format_size(plan.pinned_pool_bytes)} "
+                             "allocated before the timed iterations, handed out in slots")
+            elif plan.pinned:
+                notes.append("per-copy pinned host buffers allocated at first use (warm-up) "
+                             "and reused; pinned_host_peak_bytes is the most host copies held "
+                             "at once")
+            if not plan.pinned:
+                notes.append("pageable host buffers: each copy blocks the host")
+            if plan.pinned_lazy:
+                notes.append("pinned_lazy not reproduced: PyTorch caches pinned buffers, so "
+                             "cudaMallocHost is paid in warm-up only")
+            if ex.pool_overflow:
+                notes.append(f"pinned pool too small {ex.pool_overflow} time(s): a separate "
+                             "pinned buffer was used")
+        if plan.wait_for_memory:
+            notes.append("wait_for_memory: PyTorch's allocator waits for copies in flight by "
+                         "itself (a failed allocation synchronises the events of freed blocks "
+                         "and retries)")
+        notes.append("instrumented: a Python dispatch mode sees every aten call to find the "
+                     "plan's op boundaries (a few microseconds of host time per call)")
+        return notes
+
+    # ------------------------------------------------------------ PyTorch's built-ins
+
+    def builtin(self, kind: str, memory_bytes: int | None = None, iters: int = 10,
+                warmup: int | None = None, segments: int = 6) -> dict[str, Any]:
+        """PyTorch's own alternatives, timed like a case: `save_on_cpu` (saved tensors to
+        pinned host memory) or `checkpoint_sequential` (`segments` segments over the model's
+        modules flattened, which needs an nn.Sequential model)."""
+        warmup = self.warmup if warmup is None else warmup
+        if kind == "save_on_cpu":
+            def step() -> None:
+                with torch.autograd.graph.save_on_cpu(pin_memory=self.gpu):
+                    loss = self.loss_fn(self.net(*self.args), self.target)
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+        elif kind == "checkpoint_sequential":
+            from torch.utils.checkpoint import checkpoint_sequential
+
+            mods = _flat_sequential(self.net)
+            seq = torch.nn.Sequential(*mods)
+
+            def step() -> None:
+                out = checkpoint_sequential(seq, segments, *self.args, use_reentrant=False)
+                loss = self.loss_fn(out, self.target)
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+        else:
+            raise ConfigError(f"unknown built-in {kind!r}: save_on_cpu or checkpoint_sequential")
+        self._clean()
+        self._cap(memory_bytes)
+        times: list[float] = []
+        peaks_a: list[int] = []
+        oom = None
+        i = 0
+        try:
+            for i in range(warmup + iters):
+                self._sync()
+                if self.gpu:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                t0 = time.perf_counter()
+                step()
+                self._sync()
+                if i >= warmup:
+                    times.append((time.perf_counter() - t0) * 1e6)
+                    if self.gpu:
+                        peaks_a.append(torch.cuda.max_memory_allocated(self.device))
+        except torch.OutOfMemoryError as exc:
+            oom = {"iteration": i, "in_warmup": i < warmup,
+                   "message": str(exc).strip().splitlines()[0][:300]}
+            del exc
+        self._clean()
+        self._uncap()
+        label = f"pytorch:{kind}" + (f":segments={segments}" if kind != "save_on_cpu" else "")
+        return {"format": FORMAT, "version": VERSION, "model": self.model_name,
+                "batch_size": self.batch, "policy": label, "memory_bytes": memory_bytes,
+                "fits": oom is None, "oom": oom,
+                "iteration_time_us": round(statistics.median(times), 3) if oom is None else None,
+                "iteration_times_us": [round(t, 3) for t in times],
+                "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
+                                         if oom is None and peaks_a else None),
+                "notes": ["PyTorch's built-in, not a vsim policy: no trace plan, no check"],
+                "provenance": provenance(self.device, f"python -m vsim.record.measure "
+                                                      f"(builtin {label})")}
+
+
+def _flat_sequential(module: torch.nn.Module) -> list[torch.nn.Module]:
+    if not isinstance(module, torch.nn.Sequential):
+        raise ConfigError(f"checkpoint_sequential needs an nn.Sequential model, not "
+                          f"{type(module).__name__}")
+    out: list[torch.nn.Module] = []
+    for child in module:
+        out += _flat_sequential(child) if isinstance(child, torch.nn.Sequential) else [child]
+    return out
+
+
+def _plan_summary(plan: Plan) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for a in plan.actions:
+        counts[type(a).__name__] = counts.get(type(a).__name__, 0) + 1
+    return {"actions": counts, "pinned_pool_bytes": plan.pinned_pool_bytes,
+            "pinned": plan.pinned, "pinned_lazy": plan.pinned_lazy,
+            "wait_for_memory": plan.wait_for_memory}
+
+
+def _executed(stats: IterationStats | None, ex: Executor | None) -> dict[str, Any] | None:
+    if stats is None or ex is None:
+        return None
+    return {"offloads": stats.offloads, "prefetches": stats.prefetches, "drops": stats.drops,
+            "releases": stats.releases, "recomputed_calls": stats.recomputed_calls,
+            "inplace_rerun": stats.inplace_rerun, "inplace_missed": stats.inplace_missed,
+            "syncs": stats.syncs, "skipped": dict(stats.skipped),
+            "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
+            "iterations": ex.iterations}
+
+
+def measure(model: str, batch: int, policy: str, *, memory_bytes: int | None = None,
+            hardware: str = "h100-sxm", trace_path: str | None = None, device: str = "cuda",
+            warmup: int = 3, iters: int = 10, check: bool = True, strict: bool = True,
+            progress: Progress | None = None, command: str | None = None) -> dict[str, Any]:
+    """Measure one case (see the module docstring). Without `trace_path` the trace is recorded
+    first with the recorder (vsim.record.recorder.record_model) on `device`."""
+    say = progress or _quiet
+    if trace_path is not None:
+        trace = load_trace(trace_path)
+    else:
+        from .recorder import record_model
+
+        say(f"recording {model} (batch {batch}) on {device} first")
+        trace = record_model(model, batch, device=device, progress=say)
+    session = Session(model, batch, trace, device=device, hardware=hardware,
+                      trace_path=trace_path, warmup=warmup, check=check, progress=say)
+    result = session.run(policy, memory_bytes, iters=iters, strict=strict, command=command)
+    if trace_path is None:
+        result["notes"].append("trace recorded by this run (not saved)")
+    return result
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> None:
+    """Atomically (a temporary file renamed), with a trailing newline."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- the suite
+
+def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str = "cuda",
+              hardware: str = "h100-sxm", iters: int = 10, warmup: int = 3,
+              progress: Progress | None = None) -> list[str]:
+    """Measure `cases` ({id, model, batch, trace, policy | builtin, memory}) in this process,
+    one Session per (model, batch, trace), in the order first seen; write OUT_DIR/ID.json as
+    each ends. A case that raises is reported (ID.error.txt) and the suite goes on. Returns the
+    ids that failed."""
+    from ..units import parse_size
+
+    say = progress or _quiet
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple[str, int, str | None], list[dict[str, Any]]] = {}
+    for c in cases:
+        groups.setdefault((c["model"], int(c["batch"]), c.get("trace")), []).append(c)
+    failed: list[str] = []
+    for (model, batch, trace_path), group in groups.items():
+        t0 = time.perf_counter()
+        try:
+            trace = load_trace(trace_path) if trace_path else None
+            if trace is None:
+                from .recorder import record_model
+                trace = record_model(model, batch, device=device, progress=say)
+            session = Session(model, batch, trace, device=device, hardware=hardware,
+                              trace_path=trace_path, warmup=warmup, progress=say)
+        except Exception as exc:  # noqa: BLE001 - a suite reports and goes on
+            for c in group:
+                failed.append(c["id"])
+                (out / f"{c['id']}.error.txt").write_text(f"session: {exc!r}\n")
+            say(f"{model} (batch {batch}): session failed: {exc!r}")
+            continue
+        say(f"{model} (batch {batch}): session ready in {time.perf_counter() - t0:.1f} s")
+        for c in group:
+            t1 = time.perf_counter()
+            memory = parse_size(c["memory"], c["id"]) if c.get("memory") else None
+            try:
+                if c.get("builtin"):
+                    result = session.builtin(c["builtin"], memory, iters=iters, warmup=warmup)
+                else:
+                    output = f"validation/measured/{c['id']}.json"
+                    result = session.run(c["policy"], memory, iters=iters, warmup=warmup,
+                                         strict=c.get("strict", True),
+                                         instrument=c.get("instrument", False),
+                                         command=measure_command(model, batch, c["policy"],
+                                                                 memory, hardware, trace_path,
+                                                                 output))
+                result["id"] = c["id"]
+                write_json(result, out / f"{c['id']}.json")
+            except Exception as exc:  # noqa: BLE001
+                failed.append(c["id"])
+                (out / f"{c['id']}.error.txt").write_text(f"{exc!r}\n")
+                say(f"  {c['id']}: FAILED {exc!r}")
+                session._clean()
+                session._uncap()
+                continue
+            say(f"  {c['id']}: {summary_line(result)} [{time.perf_counter() - t1:.1f} s]")
+        del session
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return failed
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """One line: time, peak, bytes moved, the check."""
+    if not result["fits"]:
+        oom = result.get("oom") or {}
+        return f"out of memory at op {oom.get('op')} ({oom.get('name')})"
+    out = f"{result['iteration_time_us'] / 1e3:.2f} ms"
+    if result.get("peak_allocated_bytes"):
+        out += f", peak {result['peak_allocated_bytes'] / 2**30:.3f} GiB"
+    if result.get("d2h_bytes") or result.get("h2d_bytes"):
+        out += (f", d2h {result['d2h_bytes'] / 2**30:.2f} GiB h2d "
+                f"{result['h2d_bytes'] / 2**30:.2f} GiB")
+    chk = result.get("check") or {}
+    if "bitwise_equal" in chk:
+        out += (", gradients bitwise equal" if chk["bitwise_equal"] else
+                f", gradients differ (max rel {chk['max_rel_grad_diff']:.2e})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m vsim.record.measure SUITE.yaml OUT_DIR [--device cuda] [--only ID,...]"""
+    import argparse
+
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m vsim.record.measure")
+    parser.add_argument("suite")
+    parser.add_argument("out_dir")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--hw", default="h100-sxm")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated case ids or models")
+    args = parser.parse_args(argv)
+    doc = yaml.safe_load(Path(args.suite).read_text())
+    cases = doc["cases"] if isinstance(doc, dict) else doc
+    if args.only:
+        keep = set(args.only.split(","))
+        cases = [c for c in cases if c["id"] in keep or c["model"] in keep]
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    say(f"{len(cases)} cases on {args.device}; torch {torch.__version__}, pid {os.getpid()}")
+    failed = run_suite(cases, args.out_dir, device=args.device, hardware=args.hw,
+                       iters=args.iters, warmup=args.warmup, progress=say)
+    say(f"done: {len(cases) - len(failed)} measured, {len(failed)} failed {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
