@@ -136,3 +136,12 @@ def test_validate_and_sweep_retarget_too():
     assert row["predicted"]["iteration_time_us"] < 53460
     cfg = Config(trace=VGG, hw="h200", memory_bytes=None, policy="none", allocator="exact")
     assert run_config(cfg)["report"]["retargeted_from"] == "NVIDIA H100 80GB HBM3 (h100-sxm)"
+
+
+def test_unknown_or_overridden_recording_profiles():
+    t = _two_ops()
+    odd = t.__class__(**{**t.__dict__, "meta": {**t.meta, "hardware": "no-such-gpu"}})
+    assert retarget.needs_retarget(odd, load_hardware("h200"))[0] is False
+    set_name = t.__class__(**{**t.__dict__, "meta": {**t.meta,
+                                                     "hardware": "h100-sxm+gpu.memory=24GiB"}})
+    assert retarget.recording_hardware(set_name).name == "h100-sxm"

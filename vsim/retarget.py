@@ -149,12 +149,18 @@ def _set_link_bandwidth(doc: dict[str, Any], value: str, where: str) -> None:
 # ---------------------------------------------------------------- when to retarget
 
 def recording_hardware(trace: Trace) -> Hardware | None:
-    """The profile a trace's op times belong to (meta.hardware), None when it names none.
-    HardwareError when it names a profile that cannot be found."""
+    """The profile a trace's op times belong to (meta.hardware), None when it names none or
+    none that can be found. A name with overrides ('h100-sxm+gpu.memory=24GiB', from a
+    predicted trace) falls back to its base profile."""
     name = trace.meta.get("hardware")
     if not name:
         return None
-    return load_hardware(str(name))
+    for candidate in dict.fromkeys((str(name), str(name).split("+")[0].split(":")[0])):
+        try:
+            return load_hardware(candidate)
+        except HardwareError:
+            continue
+    return None
 
 
 def needs_retarget(trace: Trace, hw: Hardware) -> tuple[bool, str]:
@@ -165,7 +171,8 @@ def needs_retarget(trace: Trace, hw: Hardware) -> tuple[bool, str]:
         return False, ("the trace does not name the GPU profile it was recorded on "
                        "(meta.hardware): op times kept as recorded")
     src = recording_hardware(trace)
-    assert src is not None
+    if src is None:
+        return False, f"no profile {src_name!r} (meta.hardware) is known: op times kept"
     same = compute_signature(src, load_efficiencies(src)) == \
         compute_signature(hw, load_efficiencies(hw))
     if same:
