@@ -596,10 +596,10 @@ def fit_to_timings(networks: Sequence[tuple[str, Trace, float, float]], hw: Hard
     report: dict[str, Any] = {"networks": {}}
     for label, p, f, b in split:
         row = {}
-        for phase, cls, meas in (("fwd", "conv_fwd", f), ("bwd", "conv_bwd", b)):
+        for phase, cls, published in (("fwd", "conv_fwd", f), ("bwd", "conv_bwd", b)):
             model_us = float(p[phase][0] / fitted[cls] + p[phase][1])
-            row[phase] = {"published_ms": round(meas / 1e3, 2),
+            row[phase] = {"published_ms": round(published / 1e3, 2),
                           "model_ms": round(model_us / 1e3, 2),
-                          "error": f"{(model_us / meas - 1) * 100:+.1f}%"}
+                          "error": f"{(model_us / published - 1) * 100:+.1f}%"}
         report["networks"][label] = row
     return eff, report
