@@ -781,6 +781,10 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
                  f"{vs(bound['bound_us'])}")
     lines.append(f"  with recomputation {format_time(bound['recompute_bound_us'])}"
                  f"{vs(bound['recompute_bound_us'])}")
+    if not bound["can_fit"]:
+        lines.append(f"no plan can fit: op {bound['least_working_set_op']} needs "
+                     f"{format_size(bound['least_working_set_bytes'])} even with every saved "
+                     f"feature map it does not touch away")
     lines.append(f"{s['evaluations']} simulations in {s['seconds']:.1f} s, seed {s['seed']}"
                  + ("" if s["converged"] else f"; stopped by --budget {s['budget_s']:g} s "
                     "(a longer budget may find more; results then depend on machine speed)"))

@@ -35,17 +35,21 @@ shortfall is covered; if nothing covers X, X's convolution gives up its workspac
 prefetched as early as the static profile (planning.Evictions) leaves room for. Repeat until it
 fits (the same loop repairs plans during the local search).
 
-**2. Local search** (local.search), first improvement, from the greedy plan: (a) prefetches of
-maps whose reader, or an op between issue and reader, stalled: 1..16 ops earlier; (b) each moved
-map and the MAX_TOGGLE_CANDIDATES largest: keep / swap / drop (a map brought back to the device,
-or fetched earlier, is repaired by the greedy loop, a few steps at most, when it no longer fits:
-that is how one eviction is traded for others); (c) prefetches later, just in time
-(planning.jit_prefetch_slots) or as early as possible; (d) each convolution's algorithm; (e)
-wait_for_memory. A move is kept when its plan fits and is strictly faster. At a local optimum,
-`kicks` perturbations (three random decision changes, then the greedy repair) restart it; the
-best plan is kept. Move order is shuffled by a seeded generator: a search is a pure function of
-(trace, hardware, capacity, allocator, seed, kicks) unless the time budget cuts it short, which
-the result reports (`converged: false`). The result is never slower than the greedy start.
+**2. Local search** (local.search), first improvement, from the greedy plan. Moves, in order:
+(a) prefetches of maps whose reader, or an op between issue and reader, stalled: 1..16 ops
+earlier (the most stalled one repaired when it no longer fits); (b) each moved map the other way
+(swap <-> drop), or back on the device, and when that no longer fits, exchanged for up to
+EXCHANGES maps that would be away where it runs out (those that alone cover the shortfall
+cheapest first), each repaired by a few greedy steps; the maps of one recomputation all back at
+once; (c) prefetches later, just in time (planning.jit_prefetch_slots) or as early as
+possible; (d) a convolution back to its recorded algorithm (repaired), or, while something
+stalls, to its workspace-free one; (e) wait_for_memory; (f) last, one more of the
+MAX_TOGGLE_CANDIDATES largest maps away. A move is kept when its plan fits and is strictly
+faster. At a local optimum, `kicks` perturbations (three random decision changes, then the
+greedy repair) restart it; the best plan is kept. Move order is shuffled by a seeded generator:
+a search is a pure function of (trace, hardware, capacity, allocator, seed, kicks) unless the
+time budget cuts it short, which the result reports (`converged: false`). The result is never
+slower than the greedy start.
 
 **Lower bound** (bound.lower_bound): max(compute, link):
 - compute: the iteration with nothing moved and ample memory (launch gaps included), each

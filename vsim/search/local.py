@@ -17,6 +17,9 @@ from ..trace.schema import Trace
 from .bound import forced_workspace_free
 from .problem import LEAD_SHIFTS, MAX_TOGGLE_CANDIDATES, Genome, Outcome, Problem
 
+EXCHANGES = 4
+"""Evictions tried in place of a map brought back to the device that no longer fits."""
+
 # ---------------------------------------------------------------- greedy
 
 def repair(p: Problem, g: Genome, log: Callable[[str], None] | None = None,
@@ -121,21 +124,35 @@ def moves(p: Problem, g: Genome, r: Outcome, rng: random.Random
     for k, (_, t) in enumerate(sorted(stalled)):
         for d in LEAD_SHIFTS:
             yield g.set(t, "swap", p.clamp(t, lead[t] - d, need[t])), k == 0
-    # 2. decisions
-    toggles = [t for t in p.by_size if g.how(t) != "keep"]
-    toggles += [t for t in p.by_size[:MAX_TOGGLE_CANDIDATES] if t not in toggles]
-    rng.shuffle(toggles)
-    for t in toggles:
-        now = g.how(t)
-        for how in ("swap", "drop", "keep"):
-            if how == now:
-                continue
-            if how == "drop" and p.drop_cost_us(t, g.set(t, "keep")) is None:
-                continue
-            ng = g.set(t, how, 0)
+    # 2. decisions of the maps moved: the other way; back on the device, and if that no
+    #    longer fits, exchanged for maps that would be away where it runs out (cheapest first)
+    moved = [t for t in p.by_size if g.how(t) != "keep"]
+    rng.shuffle(moved)
+    for u in moved:
+        now = g.how(u)
+        other = "drop" if now == "swap" else "swap"
+        if other == "swap":
+            ng = g.set(u, "swap", 0)
+            yield ng.set(u, "swap", p.asap_leads(ng).get(u, 0)), False
+        elif p.drop_cost_us(u, g.set(u, "keep")) is not None:
+            yield g.set(u, "drop"), False
+        kg = g.set(u, "keep")
+        yield kg, False
+        kr = p.evaluate(kg)
+        if kr.fits or kr.oom is None or kr.oom["op"] is None:
+            continue
+        for t, how in exchanges(p, kg, kr, exclude=u):
+            ng = kg.set(t, how, 0)
             if how == "swap":
                 ng = ng.set(t, "swap", p.asap_leads(ng).get(t, 0))
-            yield ng, how == "keep"
+            yield ng, True
+    # the maps one recomputation rebuilds, all back on the device (repaired)
+    for _, (_, tensors) in sorted(p.groups(g).items()):
+        if len(tensors) > 1:
+            ng = g
+            for t in tensors:
+                ng = ng.set(t, "keep")
+            yield ng, True
     # 3. later, just-in-time, as-early-as-possible prefetches
     asap, jit = p.asap_leads(g), p.jit_leads(g)
     swapped = sorted(lead)
@@ -144,12 +161,50 @@ def moves(p: Problem, g: Genome, r: Outcome, rng: random.Random
         for at in (lead[t] + 1, lead[t] + 2, lead[t] + 4, jit.get(t), asap.get(t)):
             if at is not None and p.clamp(t, at, need[t]) != p.clamp(t, lead[t], need[t]):
                 yield g.set(t, "swap", at), False
-    # 4. convolution algorithms, waiting for memory
-    ops = sorted(p.memory_retime)
+    # 4. convolution algorithms: back to the recorded one (repaired); to the workspace-free one
+    #    only while something stalls (its workspace may make room for an earlier prefetch)
+    stalls = any(v > 0 for v in r.stalls.values())
+    ops = [o for o in sorted(p.memory_retime) if o in g.slow or stalls]
     rng.shuffle(ops)
     for op in ops:
         yield g.toggle_slow(op), op in g.slow
     yield dataclasses.replace(g, wait=not g.wait), False
+    # 5. last: one more of the largest maps away (it may let another prefetch go earlier)
+    kept = [t for t in p.by_size[:MAX_TOGGLE_CANDIDATES] if g.how(t) == "keep"]
+    rng.shuffle(kept)
+    for t in kept:
+        ng = g.set(t, "swap", 0)
+        yield ng.set(t, "swap", p.asap_leads(ng).get(t, 0)), False
+        if p.drop_cost_us(t, g) is not None:
+            yield g.set(t, "drop"), False
+
+
+def exchanges(p: Problem, g: Genome, r: Outcome, exclude: int) -> list[tuple[int, str]]:
+    """Up to EXCHANGES (map, how) evictions that would be away where g runs out of memory:
+    first those that alone cover the shortfall, cheapest first, then the best bytes per
+    microsecond."""
+    assert r.oom is not None
+    op = int(r.oom["op"])
+    short = int(r.oom["need_bytes"]) - int(r.oom["free_bytes"])
+    whole, part = [], []
+    for t in p.by_size:
+        if t == exclude or g.how(t) != "keep":
+            continue
+        options = []
+        if p.covers(t, "swap", op):
+            options.append((p.swap_cost_us(t), "swap"))
+        cost = p.drop_cost_us(t, g)
+        if cost is not None and p.covers(t, "drop", op):
+            options.append((cost, "drop"))
+        for cost, how in options:
+            size = p.cands[t].size
+            if size >= short:
+                whole.append((cost, -size, t, how))
+            else:
+                part.append((-size / (cost + 1.0), t, how))
+    out = [(t, how) for _, _, t, how in sorted(whole)]
+    out += [(t, how) for _, t, how in sorted(part)]
+    return out[:EXCHANGES]
 
 
 def kick(p: Problem, g: Genome, rng: random.Random, n: int = 3) -> Genome:
@@ -204,7 +259,7 @@ def search(trace: Trace, hw: Hardware, capacity_bytes: int,
                     return g, r, False
                 nr = p.evaluate(ng)
                 if fix and not nr.fits and nr.oom is not None:
-                    ng, nr = repair(p, ng, None, deadline, keep_leads=True, max_steps=6)
+                    ng, nr = repair(p, ng, None, deadline, keep_leads=True, max_steps=3)
                 if nr.fits and nr.time_us < r.time_us - 1e-6:
                     g, r = ng, nr
                     if log:
