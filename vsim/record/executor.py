@@ -54,6 +54,9 @@ class ExecutorError(RuntimeError):
     """The plan asked for something the run cannot do (a bug in a policy or in the executor)."""
 
 
+_RUNNING_STATS = ("running_mean", "running_var")
+
+
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
 
@@ -713,7 +716,8 @@ class Executor:
             return
         for i, a in enumerate(schema.arguments):
             info = a.alias_info
-            if info is None or not info.is_write:
+            # native_batch_norm's schema does not mark the running statistics it updates
+            if (info is None or not info.is_write) and a.name not in _RUNNING_STATS:
                 continue
             if i < len(call.args) and not a.kwarg_only:
                 ref, holder, slot = call.args[i], args, i

@@ -214,7 +214,9 @@ class Session:
         return out
 
     def restore(self) -> None:
-        """Weights, buffers, optimizer state and random generators back to the snapshot."""
+        """Weights, buffers, optimizer state and random generators back to the snapshot; no
+        gradients (an iteration stopped by an exception may have left some)."""
+        self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             for t, s in zip(self._state(), self.snapshot, strict=True):
                 t.copy_(s)
@@ -237,13 +239,15 @@ class Session:
                 got["grads"] = [None if p.grad is None else p.grad.detach().to("cpu", copy=True)
                                 for p in self.params]
 
-        with deterministic():
-            if ex is not None:
-                ex.run(lambda: self.step(capture))
-            else:
-                self.step(capture)
-            self._sync()
-        self.restore()
+        try:
+            with deterministic():
+                if ex is not None:
+                    ex.run(lambda: self.step(capture))
+                else:
+                    self.step(capture)
+                self._sync()
+        finally:
+            self.restore()
         return got
 
     # ------------------------------------------------------------ memory

@@ -1,0 +1,205 @@
+"""vsim measure on the CPU: every policy's plan carried out for real while a tiny CNN trains, with
+the loss and every gradient equal to the run without a policy, and the plan's copies, drops and
+recomputations seen to happen; the op map against a trace it does not fit; the in-place repair
+of recomputed tensors; the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vsim.cli import main  # noqa: E402
+from vsim.policies import make_policy  # noqa: E402
+from vsim.policies.base import Drop, Offload, Plan, Prefetch, Recompute  # noqa: E402
+from vsim.record.executor import Executor, ExecutorError  # noqa: E402
+from vsim.record.measure import Session, compare_gradients  # noqa: E402
+from vsim.record.opmap import OpSequenceError  # noqa: E402
+from vsim.record.recorder import record_model  # noqa: E402
+from vsim.trace import Trace, save_trace  # noqa: E402
+
+BATCH = 4
+POLICIES = ["none", "vdnn:mode=all", "vdnn:mode=conv", "vdnnpp", "superneurons", "layrub",
+            "accudnn", "recompute", "hybrid"]
+
+
+def _record(model: str) -> Trace:
+    return record_model(model, BATCH, device="cpu", warmup=1, iters=2, timing_iters=1)
+
+
+def _tight(trace: Trace) -> int:
+    """A capacity 60% of the way from the resident bytes to the peak: every policy acts."""
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    assert trace.measured is not None
+    return int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+
+
+@pytest.fixture(scope="module")
+def cnn() -> tuple[Trace, Session]:
+    trace = _record("tiny-cnn")
+    return trace, Session("tiny-cnn", BATCH, trace, device="cpu", warmup=1)
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[Trace, Session]:
+    trace = _record("tiny-resnet")
+    return trace, Session("tiny-resnet", BATCH, trace, device="cpu", warmup=1)
+
+
+def test_the_reference_is_repeatable_and_the_map_covers_the_trace(cnn) -> None:
+    trace, s = cnn
+    assert s.noise is not None and s.noise["bitwise_equal"]
+    assert s.opmap.op_names == [op.name for op in trace.ops]
+    assert len(s.opmap.call_op) == s.opmap.n_calls > len(trace.ops) // 2
+    # every saved feature map of the forward pass is an output of some call
+    located = {t for outs in s.opmap.outputs.values() for _, t in outs}
+    saved = {t.id for t in trace.tensors if t.kind == "activation" and t.producer is not None}
+    assert saved <= located
+    assert set(s.opmap.inputs.values()) == {0, 1}
+
+
+@pytest.mark.parametrize("spec", POLICIES)
+def test_every_policy_trains_exactly_as_without_it(cnn, spec: str) -> None:
+    trace, s = cnn
+    capacity = _tight(trace)
+    plan = make_policy(spec).plan(trace, s.hw, capacity)
+    result = s.run(spec, capacity, iters=2, warmup=1)
+    assert result["fits"] and len(result["iteration_times_us"]) == 2
+    kinds = {type(a) for a in plan.actions}
+    if spec != "none":
+        assert plan.actions, f"{spec} planned nothing at {capacity} B"
+        check = result["check"]
+        # offloading moves bytes, it must not change a bit; recomputation re-runs the same
+        # kernels (deterministic on the CPU): bitwise too, 1e-6 relative is the contract
+        assert check["bitwise_equal"] or (Recompute in kinds
+                                          and check["max_rel_grad_diff"] <= 1e-6), check
+    done = result["executed"]
+    n_off = sum(isinstance(a, Offload) for a in plan.actions)
+    n_pre = sum(isinstance(a, Prefetch) for a in plan.actions)
+    if n_off:
+        assert done["offloads"] == n_off and result["d2h_bytes"] > 0
+        assert result["pinned_host_peak_bytes"] > 0
+    if n_pre:
+        assert done["prefetches"] == n_pre and result["h2d_bytes"] > 0
+    if Drop in kinds:
+        assert done["drops"] > 0 and done["recomputed_calls"] > 0
+    if spec == "none":
+        assert result["executed"] is None and result["d2h_bytes"] == result["h2d_bytes"] == 0
+
+
+def test_the_pinned_pool_is_reused_across_iterations(cnn) -> None:
+    trace, s = cnn
+    result = s.run("vdnnpp", None, iters=3, warmup=1)
+    plan = make_policy("vdnnpp").plan(trace, s.hw, s.hw.capacity_bytes)
+    assert plan.pinned_pool_bytes > 0
+    assert result["pinned_host_peak_bytes"] == plan.pinned_pool_bytes
+    assert result["executed"]["host_buffers_allocated_bytes"] == 0  # all from the pool
+    assert result["check"]["bitwise_equal"]
+
+
+def test_a_trace_of_other_ops_is_refused(cnn) -> None:
+    trace, s = cnn
+    ops = list(trace.ops)
+    ops[3] = dataclasses.replace(ops[3], name="aten::gelu")
+    other = dataclasses.replace(trace, ops=tuple(ops))
+    with pytest.raises(OpSequenceError, match=r"trace op 3 \(aten::gelu"):
+        Session("tiny-cnn", BATCH, other, device="cpu", warmup=1, check=False)
+
+
+def test_a_run_that_diverges_stops(cnn) -> None:
+    trace, s = cnn
+    opmap = dataclasses.replace(s.opmap, funcs=list(s.opmap.funcs))
+    opmap.funcs[5] = torch.ops.aten.gelu.default
+    ex = Executor(Plan(), opmap, trace, s.device, s.flat_inputs)
+    with pytest.raises(OpSequenceError, match="aten call 5 .* diverged"):
+        ex.run(s.step)
+    s.restore()
+
+
+def _bn_then_inplace(trace: Trace, layer: str) -> tuple[int, int, int]:
+    """(batch-norm op of `layer`, its output, the drop point): BasicBlock's bn2 output is
+    updated in place by `out += x` and the ReLU after it."""
+    bn = next(o for o in trace.ops if o.layer == layer and o.name == "aten::batch_norm")
+    out = bn.writes[0]
+    last_fwd = max(o.id for o in trace.ops if o.phase == "fwd" and out in o.reads)
+    return bn.id, out, last_fwd
+
+
+def test_recomputing_a_tensor_updated_in_place_reruns_the_updates(resnet) -> None:
+    trace, s = resnet
+    bn, out, last = _bn_then_inplace(trace, "4.bn2")
+    first_bwd = min(o.id for o in trace.ops if o.phase == "bwd" and out in o.reads)
+    plan = Plan(actions=(Drop(out, last), Recompute((bn,), first_bwd, (out,))))
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    got = compare_gradients(s.reference, s.gradients(ex))
+    assert ex.stats.inplace_rerun >= 2 and ex.stats.inplace_missed == 0  # add_ and relu_
+    assert got["bitwise_equal"], got
+
+
+def test_an_in_place_update_that_cannot_be_rerun_is_an_error_unless_asked(resnet) -> None:
+    trace, s = resnet
+    bn3, out3, last3 = _bn_then_inplace(trace, "3.bn2")
+    bn4, out4, last4 = _bn_then_inplace(trace, "4.bn2")
+    # block 4's `out += x` reads block 3's output, which is dropped and rebuilt only later
+    before4 = min(o.id for o in trace.ops if o.phase == "bwd" and out4 in o.reads)
+    before3 = min(o.id for o in trace.ops if o.phase == "bwd" and out3 in o.reads)
+    assert before4 < before3
+    plan = Plan(actions=(Drop(out3, last3), Drop(out4, last4),
+                         Recompute((bn4,), before4, (out4,)),
+                         Recompute((bn3,), before3, (out3,))))
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    with pytest.raises(ExecutorError, match="updated a rebuilt tensor in place"):
+        s.gradients(ex)
+    loose = Executor(plan, s.opmap, trace, s.device, s.flat_inputs, strict=False)
+    got = compare_gradients(s.reference, s.gradients(loose))
+    assert loose.stats.inplace_missed > 0 and not got["bitwise_equal"]
+
+
+def test_batch_norm_statistics_are_not_updated_twice_by_a_recomputation(resnet) -> None:
+    trace, s = resnet
+    plan = make_policy("recompute").plan(trace, s.hw, _tight(trace))
+    chains = [o for a in plan.actions if isinstance(a, Recompute) for o in a.ops]
+    assert any(trace.ops[o].name == "aten::batch_norm" for o in chains)
+    s.restore()
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    ex.run(s.step)
+    assert ex.stats.recomputed_calls > 0
+    with_plan = [b.clone() for b in s.net.buffers()]
+    s.restore()
+    s.step()
+    plain = [b.clone() for b in s.net.buffers()]
+    s.restore()
+    assert all(torch.equal(a, b) for a, b in zip(with_plan, plain, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(plain, s.snapshot[len(s.params):],
+                                                     strict=False))
+
+
+def test_measure_command_line_writes_the_result(tmp_path, capsys) -> None:
+    trace = _record("tiny-cnn")
+    path = tmp_path / "cnn.vsim.json.gz"
+    save_trace(trace, path)
+    out = tmp_path / "m.json"
+    code = main(["measure", "tiny-cnn", "--batch", str(BATCH), "--policy", "vdnn:mode=conv",
+                 "--device", "cpu", "--trace", str(path), "--warmup", "1", "--iters", "2",
+                 "-o", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    for key in ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes",
+                "pinned_host_peak_bytes", "h2d_bytes", "d2h_bytes", "fits", "notes",
+                "provenance", "iteration_times_us", "check"):
+        assert key in doc
+    assert doc["fits"] and doc["d2h_bytes"] > 0 and doc["check"]["bitwise_equal"]
+    assert doc["provenance"]["command"].startswith("vsim measure tiny-cnn --batch 4")
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_measure_bad_policy_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    code = main(["measure", "tiny-cnn", "--batch", "2", "--policy", "vdnn:mode=bogus",
+                 "--device", "cpu", "-o", str(tmp_path / "x.json")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mode" in err[0]
+    assert not (tmp_path / "x.json").exists()
