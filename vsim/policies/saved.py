@@ -47,10 +47,12 @@ class SavedPlanPolicy(Policy):
         digest = trace_digest(trace)
         if digest != saved.trace_digest:
             made_for = saved.trace_path or "another trace"
+            other_hw = (f"; searched on {saved.hardware}, op times here are for {hw.name}"
+                        if saved.hardware and saved.hardware != hw.name else "")
             raise PolicyError(
                 f"plan made for {made_for} (digest {saved.trace_digest[:12]}), not for this "
-                f"trace (digest {digest[:12]}{_model(trace)}): run `vsim search` on it",
-                self.file)
+                f"trace (digest {digest[:12]}{_model(trace)}{other_hw}): run `vsim search` on "
+                "it", self.file)
         notes = [f"plan from {self.file} (searched for {saved.hardware} at "
                  f"{format_size(saved.capacity_bytes)})"]
         if saved.capacity_bytes and saved.capacity_bytes != capacity_bytes:

@@ -158,9 +158,10 @@ def moves(p: Problem, g: Genome, r: Outcome, rng: random.Random
     swapped = sorted(lead)
     rng.shuffle(swapped)
     for t in swapped:
-        for at in (lead[t] + 1, lead[t] + 2, lead[t] + 4, jit.get(t), asap.get(t)):
-            if at is not None and p.clamp(t, at, need[t]) != p.clamp(t, lead[t], need[t]):
-                yield g.set(t, "swap", at), False
+        for later in (lead[t] + 1, lead[t] + 2, lead[t] + 4, jit.get(t), asap.get(t)):
+            if later is not None and \
+                    p.clamp(t, later, need[t]) != p.clamp(t, lead[t], need[t]):
+                yield g.set(t, "swap", later), False
     # 4. convolution algorithms: back to the recorded one (repaired); to the workspace-free one
     #    only while something stalls (its workspace may make room for an earlier prefetch)
     stalls = any(v > 0 for v in r.stalls.values())
