@@ -34,6 +34,7 @@ On the CPU (tests) copies are synchronous and there are no streams or events.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -211,6 +212,7 @@ class IterationStats:
     syncs: int = 0
     inplace_rerun: int = 0
     inplace_missed: int = 0
+    host_us: float = 0.0  # host time spent carrying out actions (not counting the tracker)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -402,12 +404,14 @@ class Executor:
     def advance(self, op: int) -> None:
         """Every op before `op` has been launched: end them, start the ones in between (ops
         without aten calls of their own) and `op`."""
+        t0 = time.perf_counter()
         while self.cur < op:
             if self.cur >= 0:
                 self._end(self.cur)
             self.cur += 1
             if self.cur < self.n_ops:
                 self._start(self.cur)
+        self.stats.host_us += (time.perf_counter() - t0) * 1e6
 
     def _start(self, op: int) -> None:
         for pre in self.prefetch_at.get(op, ()):

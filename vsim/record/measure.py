@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import hashlib
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ from .executor import Executor, IterationStats, PinnedPool
 from .opmap import OpMap, map_ops
 from .zoo import build_model
 
+_POOLS: dict[bool, PinnedPool] = {}  # pinned -> the process's pool, reused across sessions
 FORMAT = "vsim-measured"
 VERSION = 1
 Progress = Callable[[str], None]
@@ -152,6 +154,8 @@ class Session:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("CUDA is not available here; measure with --device cpu")
         self.gpu = self.device.type == "cuda"
+        if self.gpu and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.model_name, self.batch = model, batch
         self.trace, self.trace_path = trace, trace_path
         self.hw_name = hardware
@@ -168,7 +172,6 @@ class Session:
         self.inputs = (inputs, target)
         self.flat_inputs = [t for t in tree_flatten(self.inputs)[0]
                             if isinstance(t, torch.Tensor)]
-        self.pool: PinnedPool | None = None
         for _ in range(warmup):
             self.step()
         self._sync()
@@ -271,13 +274,18 @@ class Session:
             torch.cuda.empty_cache()
 
     def _pool(self, plan: Plan) -> PinnedPool | None:
+        """The process's pinned pool, grown when a plan needs more (cudaHostAlloc costs about
+        0.65 s per GiB on the H100 machine: paid once per process, outside the timing)."""
         if plan.pinned_pool_bytes <= 0:
             return None
-        if self.pool is None or self.pool.size < plan.pinned_pool_bytes:
-            self.pool = None
+        pin = self.gpu and plan.pinned
+        pool = _POOLS.get(pin)
+        if pool is None or pool.size < plan.pinned_pool_bytes:
+            _POOLS.pop(pin, None)
+            pool = None
             gc.collect()
-            self.pool = PinnedPool(plan.pinned_pool_bytes, pin=self.gpu and plan.pinned)
-        return self.pool
+            pool = _POOLS[pin] = PinnedPool(plan.pinned_pool_bytes, pin=pin)
+        return pool
 
     # ------------------------------------------------------------ one case
 
@@ -373,6 +381,7 @@ class Session:
             "iterations": {"warmup": warmup, "measured": len(times)},
             "plan": _plan_summary(plan),
             "executed": _executed(stats, ex),
+            "op_map": dict(self.opmap.diagnostics),
             "check": check,
             "notes": notes,
             "provenance": provenance(self.device, command),
@@ -396,13 +405,14 @@ class Session:
         retimes = [a for a in plan.actions if isinstance(a, Retime)]
         if retimes:
             notes.append(
-                f"not executed: {len(retimes)} Retime action(s) (ops "
+                f"not executed as planned: {len(retimes)} Retime action(s) (ops "
                 f"{', '.join(str(a.op) for a in retimes[:8])}{'...' if len(retimes) > 8 else ''}"
-                "): PyTorch chooses each convolution's cuDNN engine at its first call for a "
-                "shape (heuristics, skipping engines whose workspace does not fit the "
-                "allocator's largest free block) and caches it for the process; there is no "
-                "per-call choice. The run used the engines chosen at the session's first, "
-                "uncapped iterations, the trace's")
+                "): PyTorch offers no per-call choice of cuDNN engine. It takes the engine "
+                "cached for the convolution's shape (chosen at the session's first, uncapped "
+                "iterations: the trace's) and, when that engine's workspace does not fit, tries "
+                "the heuristics' engines in order and caches the first whose workspace it can "
+                "allocate; CUDNN_CONV_WSCAP_DBG=0 or 1 did not change the workspace on the "
+                "H100 machine (cuDNN 9.19)")
         if ex is None:
             return notes
         if ex.unlocated:
@@ -465,14 +475,18 @@ class Session:
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
         elif kind == "checkpoint_sequential":
-            from torch.utils.checkpoint import checkpoint_sequential
+            from torch.utils.checkpoint import checkpoint
 
-            mods = _flat_sequential(self.net)
-            seq = torch.nn.Sequential(*mods)
+            segs = _segments(_flat_sequential(self.net), segments)
+
+            def run_segment(seg: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+                return checkpoint(seg, x, use_reentrant=False)
 
             def step() -> None:
-                out = checkpoint_sequential(seq, segments, *self.args, use_reentrant=False)
-                loss = self.loss_fn(out, self.target)
+                x = self.args[0]
+                for seg in segs[:-1]:
+                    x = run_segment(seg, x)
+                loss = self.loss_fn(segs[-1](x), self.target)
                 loss.backward()
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
@@ -503,6 +517,11 @@ class Session:
         self._clean()
         self._uncap()
         label = f"pytorch:{kind}" + (f":segments={segments}" if kind != "save_on_cpu" else "")
+        note = ("PyTorch's built-in, not a vsim policy: no trace plan, no check"
+                + ("; checkpoint_sequential's split with each boundary moved past in-place "
+                   "ReLUs (their in-place update of a checkpointed segment's input fails "
+                   "otherwise), use_reentrant=False" if kind != "save_on_cpu" else
+                   "; save_on_cpu(pin_memory=True) around the forward pass"))
         return {"format": FORMAT, "version": VERSION, "model": self.model_name,
                 "batch_size": self.batch, "policy": label, "memory_bytes": memory_bytes,
                 "fits": oom is None, "oom": oom,
@@ -510,9 +529,26 @@ class Session:
                 "iteration_times_us": [round(t, 3) for t in times],
                 "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
                                          if oom is None and peaks_a else None),
-                "notes": ["PyTorch's built-in, not a vsim policy: no trace plan, no check"],
+                "notes": [note],
                 "provenance": provenance(self.device, f"python -m vsim.record.measure "
                                                       f"(builtin {label})")}
+
+
+def _segments(mods: list[torch.nn.Module], n: int) -> list[torch.nn.Sequential]:
+    """checkpoint_sequential's even split into `n` segments (the last one runs without
+    checkpointing, as there), each boundary moved forward past in-place modules (ReLU(inplace)):
+    a segment may not start by overwriting the input its predecessor's checkpoint keeps."""
+    size = max(1, len(mods) // n)
+    bounds = []
+    for k in range(1, n):
+        b = k * size
+        while b < len(mods) and getattr(mods[b], "inplace", False):
+            b += 1
+        if b < len(mods) and (not bounds or b > bounds[-1]):
+            bounds.append(b)
+    edges = [0, *bounds, len(mods)]
+    return [torch.nn.Sequential(*mods[a:b]) for a, b in zip(edges, edges[1:], strict=False)
+            if b > a]
 
 
 def _flat_sequential(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -529,7 +565,8 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for a in plan.actions:
         counts[type(a).__name__] = counts.get(type(a).__name__, 0) + 1
-    return {"actions": counts, "pinned_pool_bytes": plan.pinned_pool_bytes,
+    digest = hashlib.sha256(repr(plan.actions).encode()).hexdigest()[:16]
+    return {"actions": counts, "digest": digest, "pinned_pool_bytes": plan.pinned_pool_bytes,
             "pinned": plan.pinned, "pinned_lazy": plan.pinned_lazy,
             "wait_for_memory": plan.wait_for_memory}
 
@@ -541,6 +578,7 @@ def _executed(stats: IterationStats | None, ex: Executor | None) -> dict[str, An
             "releases": stats.releases, "recomputed_calls": stats.recomputed_calls,
             "inplace_rerun": stats.inplace_rerun, "inplace_missed": stats.inplace_missed,
             "syncs": stats.syncs, "skipped": dict(stats.skipped),
+            "executor_host_us": round(stats.host_us, 1),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
             "iterations": ex.iterations}
 
