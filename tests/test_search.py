@@ -32,7 +32,7 @@ from vsim.hardware import load_hardware, parse_hardware
 from vsim.plan_io import SavedPlan, load_plan, plan_from_json, save_plan, trace_digest
 from vsim.policies import make_policy
 from vsim.policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
-from vsim.search import Genome, lower_bound, search
+from vsim.search import Genome, Problem, lower_bound, search
 from vsim.search.run import builtin_specs, run_builtins
 from vsim.trace import save_trace
 
@@ -117,7 +117,7 @@ H100 = load_hardware("h100-sxm")
 def test_search_fits_where_a_policy_fits_never_worse_than_its_greedy_start(capacity_mb):
     # tests/test_policies.py's network (peak 1760 MB without a policy).
     capacity = capacity_mb * M
-    rows = run_builtins(NET, H100, capacity, EXACT, builtin_specs())
+    rows, _ = run_builtins(NET, H100, capacity, EXACT, builtin_specs())
     fitting = [row["iteration_time_us"] for row in rows if row["fits"]]
     assert fitting
     r = search(NET, H100, capacity, EXACT, seed=1, budget_s=60, kicks=1)
@@ -143,7 +143,7 @@ def test_no_plan_fits_where_an_op_alone_needs_more():
     # At exactly 1,270 MB a plan exists (y0 and the input away during op 15): the search finds
     # it, faster than the built-in policies that fit there too (SuperNeurons').
     r = search(NET, H100, 1270 * M, EXACT, budget_s=30)
-    rows = run_builtins(NET, H100, 1270 * M, EXACT, builtin_specs())
+    rows, _ = run_builtins(NET, H100, 1270 * M, EXACT, builtin_specs())
     assert r.outcome.fits
     assert r.outcome.time_us <= min(row["iteration_time_us"] for row in rows if row["fits"])
 
@@ -276,3 +276,17 @@ def test_genome_edits():
     assert g.how(3) == "swap" and g.how(5) == "drop" and g.how(9) == "keep"
     assert g.set(3, "drop").drops == (3, 5) and g.set(3, "drop").swaps == ()
     assert g.toggle_slow(4).toggle_slow(4) == g
+
+
+def test_local_search_from_a_built_in_plan_is_never_worse_than_that_plan():
+    capacity = 1300 * M
+    accudnn = make_policy("accudnn").plan(NET, H100, capacity)
+    t_accudnn = simulate(NET, H100, _given(accudnn), EXACT, capacity).report["iteration_time_us"]
+    r = search(NET, H100, capacity, EXACT, budget_s=60, kicks=0,
+               starts=lambda: [("accudnn", accudnn)])
+    assert r.outcome.fits and r.outcome.time_us <= t_accudnn
+    assert r.from_greedy is not None and r.outcome.time_us <= r.from_greedy.time_us
+    assert r.origin in ("greedy", "accudnn")
+    # A plan in the search's terms and back: the same actions.
+    p = Problem(NET, H100, capacity, EXACT)
+    assert p.plan(p.genome_of(r.plan)) == p.plan(r.genome)

@@ -701,6 +701,8 @@ def _add_search_verb(verbs: Any) -> None:
                    "local optimum (default: 4)")
     p.add_argument("--no-builtins", action="store_true", help="skip running the built-in "
                    "policies for comparison")
+    p.add_argument("--no-builtin-starts", action="store_true", help="compare with the "
+                   "built-in policies but do not start the local search from their plans too")
     p.add_argument("--verbose", action="store_true", help="log each greedy step and "
                    "improvement on stderr")
     p.add_argument("--json", action="store_true")
@@ -740,7 +742,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     _check_capacity(args.trace, trace, hw, capacity)
     result = run_search(trace, args.trace, hw, hw.capacity_bytes if capacity is None
                         else capacity, allocator, seed=args.seed, budget_s=budget,
-                        kicks=args.kicks, builtins=not args.no_builtins, output=args.output,
+                        kicks=args.kicks, builtins=not args.no_builtins,
+                        builtin_starts=not args.no_builtin_starts, output=args.output,
                         log=_progress if args.verbose else None)
     if args.json:
         _emit_json(result)
@@ -770,6 +773,10 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
                      f"{s['workspace_free_convolutions']} convolution(s) without workspace")
     g = s["greedy_iteration_time_us"]
     lines.append(f"greedy start   {format_time(g) if g is not None else 'did not fit':>10}")
+    if s["origin"] != "greedy":
+        fg = s["from_greedy_iteration_time_us"]
+        lines.append(f"  the search's plan came from {s['origin']}'s plan; from the greedy "
+                     f"start alone: {format_time(fg) if fg is not None else 'did not fit'}")
     if best is not None:
         lines.append(f"best built-in  {format_time(best['iteration_time_us']):>10}  "
                      f"{best['policy']}{vs(best['iteration_time_us'])}")

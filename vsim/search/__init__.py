@@ -51,6 +51,13 @@ a search is a pure function of (trace, hardware, capacity, allocator, seed, kick
 time budget cuts it short, which the result reports (`converged: false`). The result is never
 slower than the greedy start.
 
+**3. Built-in starts** (run.py, unless --no-builtin-starts): the local search runs again from the
+plans of the three fastest fitting built-in policies (local.search's `starts`), each read as a
+genome (Problem.genome_of: its swaps with their prefetch ops, drops, workspace-free
+convolutions; syncs and maps under MIN_CANDIDATE_BYTES left out, repaired when that no longer
+fits). The result names the start its plan came from (`origin`) and keeps what the search from
+the greedy start alone reached.
+
 **Lower bound** (bound.lower_bound): max(compute, link):
 - compute: the iteration with nothing moved and ample memory (launch gaps included), each
   convolution at its fastest algorithm whose working set can fit (forced_workspace_free);

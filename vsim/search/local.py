@@ -234,6 +234,8 @@ class SearchResult:
     converged: bool
     history: list[tuple[int, float]]   # (evaluation, best iteration time so far)
     counts: dict[str, Any]             # what the plan does: maps swapped, dropped, bytes, ...
+    origin: str = "greedy"             # where the best plan's local search started
+    from_greedy: Outcome | None = None  # the best plan of the search from the greedy start
 
     def summary_counts(self) -> dict[str, Any]:
         return dict(self.counts)
@@ -241,9 +243,12 @@ class SearchResult:
 
 def search(trace: Trace, hw: Hardware, capacity_bytes: int,
            allocator: AllocatorSpec | None = None, *, seed: int = 0, budget_s: float = 60.0,
-           kicks: int = 4, log: Callable[[str], None] | None = None) -> SearchResult:
-    """Greedy start, then local search with `kicks` perturbations (module docstring). Stops
-    early, at the best plan so far, after `budget_s` seconds."""
+           kicks: int = 4, log: Callable[[str], None] | None = None,
+           starts: Callable[[], list[tuple[str, Plan]]] | None = None) -> SearchResult:
+    """Greedy start, then local search with `kicks` perturbations (module docstring); then, when
+    `starts` is given, local search again from each plan it returns (name, plan: the built-in
+    policies' plans, as genomes, repaired when they do not fit). Stops early, at the best plan
+    so far, after `budget_s` seconds."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
     p = Problem(trace, hw, capacity_bytes, allocator)
@@ -252,42 +257,41 @@ def search(trace: Trace, hw: Hardware, capacity_bytes: int,
     best_g, best = g0, r0
     history = [(p.evaluations, r0.time_us)] if r0.fits else []
     converged = True
-
-    def climb(g: Genome, r: Outcome) -> tuple[Genome, Outcome, bool]:
-        while True:
-            for ng, fix in moves(p, g, r, rng):
-                if time.monotonic() > deadline:
-                    return g, r, False
-                nr = p.evaluate(ng)
-                if fix and not nr.fits and nr.oom is not None:
-                    ng, nr = repair(p, ng, None, deadline, keep_leads=True, max_steps=3)
-                if nr.fits and nr.time_us < r.time_us - 1e-6:
-                    g, r = ng, nr
-                    if log:
-                        log(f"local search: {r.time_us / 1e3:.3f} ms after {p.evaluations} "
-                            f"simulations")
-                    break
-            else:
-                return g, r, True
-
     if r0.fits:
-        best_g, best, converged = climb(g0, r0)
+        best_g, best, converged = climb(p, g0, r0, rng, deadline, log)
         history.append((p.evaluations, best.time_us))
         for _ in range(kicks if converged else 0):
             kg, kr = repair(p, kick(p, best_g, rng), None, deadline)
             if not kr.fits:
                 continue
-            kg, kr, done = climb(kg, kr)
+            kg, kr, done = climb(p, kg, kr, rng, deadline, log)
             if kr.time_us < best.time_us - 1e-6:
                 best_g, best = kg, kr
                 history.append((p.evaluations, best.time_us))
             if not done:
                 converged = False
                 break
+    from_greedy, origin = best, "greedy"
+    for name, plan in starts() if starts is not None else ():
+        if not converged:
+            break
+        sg = p.genome_of(plan)
+        sr = p.evaluate(sg)
+        if not sr.fits:
+            sg, sr = repair(p, sg, None, deadline, keep_leads=True)
+        if not sr.fits:
+            continue
+        if log:
+            log(f"start from {name}: {sr.time_us / 1e3:.3f} ms")
+        sg, sr, converged = climb(p, sg, sr, rng, deadline, log)
+        if not best.fits or sr.time_us < best.time_us - 1e-6:
+            best_g, best, origin = sg, sr, name
+            history.append((p.evaluations, best.time_us))
     plan = p.plan(best_g)
+    began = "the greedy plan" if origin == "greedy" else f"{origin}'s plan"
     notes = [f"search: {len(best_g.swaps)} map(s) swapped, {len(best_g.drops)} recomputed, "
              f"{len(best_g.slow)} convolution(s) without workspace; {p.evaluations} "
-             f"simulations, seed {seed}"]
+             f"simulations, seed {seed}, local search from {began}"]
     slow_notes = [n for n in p.retime_notes if best_g.slow]
     plan = dataclasses.replace(plan, notes=(*notes, *slow_notes))
     counts = {"swapped": len(best_g.swaps), "dropped": len(best_g.drops),
@@ -296,6 +300,25 @@ def search(trace: Trace, hw: Hardware, capacity_bytes: int,
               "workspace_free_convolutions": len(best_g.slow), "wait_for_memory": best_g.wait,
               "candidates": len(p.cands)}
     return SearchResult(best_g, best, plan, g0, r0, p.evaluations, time.monotonic() - t0,
-                        p.sim_seconds, converged, history, counts)
+                        p.sim_seconds, converged, history, counts, origin, from_greedy)
 
 
+def climb(p: Problem, g: Genome, r: Outcome, rng: random.Random, deadline: float,
+          log: Callable[[str], None] | None = None) -> tuple[Genome, Outcome, bool]:
+    """First-improvement local search from a fitting genome; the third value is False when the
+    deadline stopped it before a local optimum."""
+    while True:
+        for ng, fix in moves(p, g, r, rng):
+            if time.monotonic() > deadline:
+                return g, r, False
+            nr = p.evaluate(ng)
+            if fix and not nr.fits and nr.oom is not None:
+                ng, nr = repair(p, ng, None, deadline, keep_leads=True, max_steps=3)
+            if nr.fits and nr.time_us < r.time_us - 1e-6:
+                g, r = ng, nr
+                if log:
+                    log(f"local search: {r.time_us / 1e3:.3f} ms after {p.evaluations} "
+                        f"simulations")
+                break
+        else:
+            return g, r, True

@@ -16,7 +16,7 @@ from ..allocator.base import AllocatorSpec
 from ..engine.simulator import Engine, PlanError
 from ..hardware import Hardware
 from ..policies.algorithms import memory_optimal_retimes
-from ..policies.base import Action, Drop, Offload, Plan, Prefetch, Recompute
+from ..policies.base import Action, Drop, Offload, Plan, Prefetch, Recompute, Retime
 from ..policies.layers import TraceView
 from ..policies.planning import (
     Evictions,
@@ -271,6 +271,24 @@ class Problem:
             self.sim_seconds += time.perf_counter() - start
         self.cache[g] = out
         return out
+
+    def genome_of(self, plan: Plan) -> Genome:
+        """Another policy's plan in the search's terms: its offloaded candidates swapped (with
+        their prefetch op), its dropped ones dropped, its workspace-free convolutions,
+        wait_for_memory. Syncs, releases and maps too small to be candidates are left out."""
+        pos = self.view.pos
+        fetch = {a.tensor: a.at_op for a in plan.actions if isinstance(a, Prefetch)}
+        swaps: dict[int, int] = {}
+        drops, slow = set(), set()
+        for a in plan.actions:
+            if isinstance(a, Offload) and a.tensor in self.cands and a.tensor in fetch:
+                swaps[a.tensor] = pos[fetch[a.tensor]]
+            elif isinstance(a, Drop) and a.tensor in self.cands:
+                drops.add(a.tensor)
+            elif isinstance(a, Retime) and a.workspace_bytes == 0 and a.op in self.memory_retime:
+                slow.add(a.op)
+        return Genome(tuple(sorted(swaps.items())), tuple(sorted(drops - set(swaps))),
+                      tuple(sorted(slow)), plan.wait_for_memory)
 
     # ------------------------------------------------------------ prefetch placement
 

@@ -3,8 +3,12 @@ the lower bound, save the plan, and return one result object (the CLI prints it)
 
 Built-in policies: every registered policy at its defaults plus the variants in
 BUILTIN_VARIANTS (a variant whose spec no longer parses is skipped). They run in a child
-process (fork, where there is one) while the search runs, each through `simulate`, as
-`vsim run` would.
+process (fork, where there is one) while the search runs: each policy plans once and its plan
+is simulated as `vsim run` would. Once the search from its greedy start is done, the local
+search starts again from the BUILTIN_STARTS fastest fitting built-in plans (as genomes,
+repaired when leaving out what a genome cannot say makes them not fit); the result says which
+start its plan came from (`origin`) and what the greedy line alone reached
+(`from_greedy_iteration_time_us`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..errors import VsimError
 from ..hardware import Hardware
 from ..plan_io import SavedPlan, file_sha256, save_plan, trace_digest
 from ..policies import make_policy, registry
+from ..policies.base import Plan
 from ..policies.planning import _Given
 from ..policies.saved import SavedPlanPolicy
 from ..trace.schema import Trace
@@ -33,6 +38,8 @@ BUILTIN_VARIANTS = (
     "layrub:buffers=4", "recompute:strategy=sqrt", "recompute:strategy=every-k,k=2",
     "recompute:strategy=every-k,k=3", "accudnn:algo=memory", "hybrid:algo=memory")
 """Key variants run besides each policy's defaults."""
+BUILTIN_STARTS = 3
+"""The local search also starts from this many of the fastest fitting built-in plans."""
 
 
 def builtin_specs() -> list[str]:
@@ -53,28 +60,35 @@ def builtin_specs() -> list[str]:
 
 
 def run_builtins(trace: Trace, hw: Hardware, capacity_bytes: int, allocator: AllocatorSpec,
-                 specs: list[str]) -> list[dict[str, Any]]:
+                 specs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
     """One row per policy: fits, iteration time (None when it does not fit), and where the
-    time went. A policy that raises is a row with `error` (a bug there, not here)."""
-    rows = []
+    time went; and each policy's plan (by its spec). A policy that raises is a row with
+    `error` (a bug there, not here)."""
+    rows, plans = [], {}
     for spec in specs:
+        policy = make_policy(spec)
         try:
-            r = simulate(trace, hw, make_policy(spec), allocator, capacity_bytes).report
+            plan = policy.plan(trace, hw, capacity_bytes)
+            r = simulate(trace, hw, _Given(plan), allocator, capacity_bytes).report
         except Exception as exc:  # noqa: BLE001 (report another policy's bug, keep going)
             rows.append({"policy": spec, "fits": False, "iteration_time_us": None,
                          "error": f"{type(exc).__name__}: {exc}"})
             continue
-        rows.append({"policy": r["policy"], "fits": r["fits"],
+        plans[policy.spec()] = plan
+        rows.append({"policy": policy.spec(), "fits": r["fits"],
                      "iteration_time_us": r["iteration_time_us"] if r["fits"] else None,
                      "stall_time_us": r["stall_time_us"],
                      "recompute_time_us": r["recompute_time_us"],
                      "d2h_bytes": r["d2h_bytes"],
                      "peak_allocated_bytes": r["peak_allocated_bytes"]})
-    return rows
+    return rows, plans
+
+
+Builtins = tuple[list[dict[str, Any]], dict[str, Plan]]
 
 
 def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: AllocatorSpec
-                    ) -> tuple[Future[list[dict[str, Any]]] | None, ProcessPoolExecutor | None]:
+                    ) -> tuple[Future[Builtins] | None, ProcessPoolExecutor | None]:
     if "fork" not in multiprocessing.get_all_start_methods():
         return None, None
     pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
@@ -83,28 +97,45 @@ def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: Alloca
 
 def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
                allocator: AllocatorSpec, *, seed: int = 0, budget_s: float = 60.0,
-               kicks: int = 4, builtins: bool = True, output: str | None = None,
-               log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Search, compare, bound, and save the plan to `output` (when given). Returns
-    {trace, hardware, capacity_bytes, allocator, search, best_builtin, builtins, bound,
-    plan_file}; `search.report` is the `vsim run --json` report of the plan found."""
+               kicks: int = 4, builtins: bool = True, builtin_starts: bool = True,
+               output: str | None = None, log: Callable[[str], None] | None = None
+               ) -> dict[str, Any]:
+    """Search, compare, bound, and save the plan to `output` (when given). With
+    `builtin_starts`, the local search also starts from the BUILTIN_STARTS fastest fitting
+    built-in plans. Returns {trace, hardware, capacity_bytes, allocator, search, best_builtin,
+    builtins, bound, plan_file}; `search.report` is the `vsim run --json` report of the plan
+    found."""
     future, pool = (_start_builtins(trace, hw, capacity_bytes, allocator) if builtins
                     else (None, None))
+    done: list[Builtins] = []
+
+    def builtin_results() -> Builtins:
+        if not done:
+            done.append(future.result() if future is not None else run_builtins(
+                trace, hw, capacity_bytes, allocator, builtin_specs()))
+        return done[0]
+
+    def starts() -> list[tuple[str, Plan]]:
+        rows, plans = builtin_results()
+        fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["iteration_time_us"])
+        return [(r["policy"], plans[r["policy"]]) for r in fitting[:BUILTIN_STARTS]]
+
     try:
         bound = lower_bound(trace, hw, capacity_bytes)
         found = search(trace, hw, capacity_bytes, allocator, seed=seed, budget_s=budget_s,
-                       kicks=kicks, log=log)
-        if builtins:
-            rows = future.result() if future is not None else \
-                run_builtins(trace, hw, capacity_bytes, allocator, builtin_specs())
-        else:
-            rows = []
+                       kicks=kicks, log=log,
+                       starts=starts if builtins and builtin_starts else None)
+        rows = builtin_results()[0] if builtins else []
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    greedy_line = found.from_greedy
     summary = {
         "iteration_time_us": found.outcome.time_us if found.outcome.fits else None,
         "fits": found.outcome.fits,
+        "origin": found.origin,
+        "from_greedy_iteration_time_us": (greedy_line.time_us if greedy_line is not None
+                                          and greedy_line.fits else None),
         "greedy_iteration_time_us": (found.greedy_outcome.time_us
                                      if found.greedy_outcome.fits else None),
         "seed": seed, "kicks": kicks, "budget_s": budget_s, "evaluations": found.evaluations,
