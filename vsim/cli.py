@@ -759,7 +759,7 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
     def vs(other: float | None) -> str:
         if t is None or not other:
             return ""
-        return f"  (search {(t / other - 1) * 100:+.1f}%)"
+        return f"  (search {(t / other - 1) * 100:+.2f}%)"
 
     lines = [f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} on "
              f"{result['hardware']}, capacity {format_size(result['capacity_bytes'])}, "
@@ -786,6 +786,8 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
                  f"{format_time(bound['compute_us'])}, link {format_time(bound['link_us'])} "
                  f"for the {format_size(bound['must_leave_bytes'])} that must leave)"
                  f"{vs(bound['bound_us'])}")
+    if t is not None and t < bound["bound_us"]:
+        lines.append("  (the search is below it: recomputation takes bytes off without the link)")
     lines.append(f"  with recomputation {format_time(bound['recompute_bound_us'])}"
                  f"{vs(bound['recompute_bound_us'])}")
     if not bound["can_fit"]:
