@@ -203,3 +203,28 @@ def test_measure_bad_policy_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mode" in err[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_out_of_memory_is_a_result_and_frees_the_iteration(cnn) -> None:
+    """An iteration stopped in forward must not keep its activations: saved outputs packed
+    with their grad_fn would be a C++ reference cycle that only backward breaks."""
+    import gc
+    import weakref
+
+    trace, s = cnn
+    alive: list[weakref.ref] = []
+    keep = s.net[0].register_forward_hook(lambda m, i, o: alive.append(weakref.ref(o)))
+
+    def boom(m, i, o):
+        raise torch.OutOfMemoryError("simulated")
+
+    stop = s.net[3].register_forward_hook(boom)
+    try:
+        result = s.run("vdnn:mode=all", None, iters=1, warmup=0)
+    finally:
+        keep.remove()
+        stop.remove()
+    gc.collect()
+    assert not result["fits"] and result["oom"]["op"] == 3 and result["iteration_time_us"] is None
+    assert alive and all(w() is None for w in alive)
+    assert s.run("vdnn:mode=all", None, iters=1, warmup=0)["fits"]  # and the session goes on

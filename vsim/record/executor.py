@@ -329,10 +329,13 @@ class Executor:
         """One iteration of `step` with the plan carried out; returns its statistics."""
         self._begin()
         try:
-            # Identity saved-tensor hooks, as in the recorder's structure pass that the OpMap
-            # comes from: without hooks autograd saves an op's outputs through an extra
-            # aten.detach call, which would shift the call count.
-            with torch.autograd.graph.saved_tensors_hooks(_same, _same), Tracker(self):
+            # Saved-tensor hooks, as in the recorder's structure pass that the OpMap comes
+            # from: without hooks autograd saves an op's outputs through an extra aten.detach
+            # call, which would shift the call count. The hook detaches too (unseen by the
+            # tracker): a saved output kept with its grad_fn would be a reference cycle that
+            # only backward breaks, so an iteration stopped in forward (out of memory) would
+            # keep its activations for good.
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same), Tracker(self):
                 step()
             self.finish()
         except BaseException:
@@ -372,6 +375,13 @@ class Executor:
             self._view(st).copy_(host[:self.nbytes[t]])
             self.state[t] = "device"
             self.stats.skipped["input restored at the end"] += 1
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        paused, self.paused = self.paused, True
+        try:
+            return t.detach()
+        finally:
+            self.paused = paused
 
     @contextmanager
     def untracked(self) -> Iterator[None]:
