@@ -228,3 +228,15 @@ def test_out_of_memory_is_a_result_and_frees_the_iteration(cnn) -> None:
     assert not result["fits"] and result["oom"]["op"] == 3 and result["iteration_time_us"] is None
     assert alive and all(w() is None for w in alive)
     assert s.run("vdnn:mode=all", None, iters=1, warmup=0)["fits"]  # and the session goes on
+
+
+def test_validation_table_shows_a_measured_out_of_memory_as_a_dash() -> None:
+    from vsim.cli import format_validation
+
+    row = {"id": "x", "ok": True,
+           "predicted": {"iteration_time_us": 10.0, "peak_allocated_bytes": 2**30, "fits": False},
+           "measured": {"iteration_time_us": None, "peak_allocated_bytes": None, "fits": False},
+           "error": {"iteration_time": None, "peak_allocated": None, "peak_reserved": None}}
+    summary = {"n": 1, "ok": 1, "time_mape": None, "peak_mape": None, "fits_correct": 1}
+    line = format_validation({"cases": [row], "summary": summary}).splitlines()[1]
+    assert line.split()[1:5] == ["10.0", "us", "-", "-"]

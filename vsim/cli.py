@@ -497,6 +497,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f}%"
 
 
+def _or_dash(fmt: Callable[[Any], str], value: Any) -> str:
+    """A measured run that ran out of memory has no time or peak: shown '-'."""
+    return "-" if value is None else fmt(value)
+
+
 def format_validation(result: dict[str, Any]) -> str:
     lines = [f"{'case':38} {'time pred':>10} {'meas':>10} {'err':>7}  {'peak pred':>10} "
              f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok"]
@@ -504,10 +509,12 @@ def format_validation(result: dict[str, Any]) -> str:
         p, m, e = r["predicted"], r["measured"], r["error"]
         fits = ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!")
         lines.append(
-            f"{r['id'][:38]:38} {format_time(p['iteration_time_us']):>10} "
-            f"{format_time(m['iteration_time_us']):>10} {_pct(e['iteration_time']):>7}  "
-            f"{format_size(p['peak_allocated_bytes']):>10} "
-            f"{format_size(m['peak_allocated_bytes']):>10} {_pct(e['peak_allocated']):>7}  "
+            f"{r['id'][:38]:38} {_or_dash(format_time, p['iteration_time_us']):>10} "
+            f"{_or_dash(format_time, m['iteration_time_us']):>10} "
+            f"{_pct(e['iteration_time']):>7}  "
+            f"{_or_dash(format_size, p['peak_allocated_bytes']):>10} "
+            f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
+            f"{_pct(e['peak_allocated']):>7}  "
             f"{_pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}")
     s = result["summary"]
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "

@@ -121,6 +121,8 @@ def provenance(device: torch.device, command: str) -> dict[str, Any]:
             "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32),
                      "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+            or os.environ.get("PYTORCH_ALLOC_CONF"),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": command}
 
@@ -340,7 +342,7 @@ class Session:
                         peaks_r.append(torch.cuda.max_memory_reserved(self.device))
         except torch.OutOfMemoryError as exc:
             oom = {"iteration": i, "in_warmup": i < warmup,
-                   "message": str(exc).strip().splitlines()[0][:300]}
+                   "message": str(exc).strip().splitlines()[0][:1000]}
             oom.update(ex.where() if ex is not None else {})
             del exc
         self._clean()
@@ -518,7 +520,7 @@ class Session:
                         peaks_a.append(torch.cuda.max_memory_allocated(self.device))
         except torch.OutOfMemoryError as exc:
             oom = {"iteration": i, "in_warmup": i < warmup,
-                   "message": str(exc).strip().splitlines()[0][:300]}
+                   "message": str(exc).strip().splitlines()[0][:1000]}
             del exc
         self._clean()
         self._uncap()
