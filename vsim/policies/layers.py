@@ -147,12 +147,26 @@ class TraceView:
         return 2 * len(self.ops)
 
     def alloc_slot(self, t: int) -> int:
-        producer = self.tensor[t].producer
-        return 0 if producer is None or producer not in self.pos else 2 * self.pos[producer]
+        return self._alloc_slot[t]
 
     def free_slot(self, t: int) -> int:
-        q = self.free_op.get(t)
-        return self.n_slots if q is None else 2 * self.pos[q] + 1
+        return self._free_slot[t]
+
+    @cached_property
+    def _alloc_slot(self) -> dict[int, int]:
+        out = {}
+        for t, ten in self.tensor.items():
+            p = ten.producer
+            out[t] = 0 if p is None or p not in self.pos else 2 * self.pos[p]
+        return out
+
+    @cached_property
+    def _free_slot(self) -> dict[int, int]:
+        out = {}
+        for t in self.tensor:
+            q = self.free_op.get(t)
+            out[t] = self.n_slots if q is None else 2 * self.pos[q] + 1
+        return out
 
     def start(self, op: int) -> int:
         return 2 * self.pos[op]

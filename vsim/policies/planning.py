@@ -381,9 +381,28 @@ class Evictions:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
 
     def add_swap(self, t: int, swap: Swap | None = None, update: bool = True) -> None:
-        self.swaps[t] = swap or self.swap(t)
-        if update:
+        new = t not in self.swaps
+        s = self.swaps[t] = swap or self.swap(t)
+        if not update:
+            return
+        if not (new and self.blocking and s.prefetch_op is None):
             self.usage = self._usage()
+            return
+        # Blocking: the new swap's window does not depend on the D2H queue, and it does not
+        # move anyone else's: update the profile and the queue in place.
+        view = self.view
+        self.usage.remove(view.tensor[t].size_bytes, self.gone_from(s), view.start(s.need_op))
+        key = (view.pos[s.offload_op], s.after, s.tensor)
+        i = bisect.bisect_left(self._queue_keys, key)
+        self._queue_keys.insert(i, key)
+        self._queue_ends.insert(i, 0.0)
+        self._queue_swaps.insert(i, s)
+        free_at = self._queue_ends[i - 1] if i else 0.0
+        for j in range(i, len(self._queue_keys)):
+            q = self._queue_swaps[j]
+            issue = view.end_time(q.offload_op) if q.after else view.time_at(q.offload_op)
+            free_at = max(issue, free_at) + self.timeline.d2h_us(view.tensor[q.tensor].size_bytes)
+            self._queue_ends[j] = q.copy_done_us = free_at
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         self.drops[t] = (self.last_fwd_use(t), chain)
@@ -399,6 +418,7 @@ class Evictions:
                        key=lambda s: (view.pos[s.offload_op], s.after, s.tensor))
         self._queue_keys = [(view.pos[s.offload_op], s.after, s.tensor) for s in queue]
         self._queue_ends = [s.copy_done_us for s in queue]
+        self._queue_swaps = queue
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
             u.remove(size, self.gone_from(s), self.view.start(s.need_op))
@@ -415,6 +435,7 @@ class Evictions:
         the reader itself). Never before an earlier-needed prefetch: one H2D engine serves
         them in issue order, and a later need issued first would delay an earlier one."""
         view = self.view
+        self.timeline.release_slots(list(self.swaps.values()))  # after in-place additions
         order = sorted(self.swaps.values(), key=lambda s: (view.pos[s.need_op], s.tensor))
         floor = 0
         for s in order:

@@ -21,8 +21,8 @@ Strategies:
   of at most max(16, 3 ceil(sqrt(n))) layers (an approximation on deep networks). The result is
   checked against the static profile and one simulated iteration, and planned again with a
   tighter budget when either exceeds the capacity. Under algo=auto, while no segmentation fits,
-  the convolution with the largest workspace runs without it and the DP tries again; with none
-  left, it falls back to sqrt and says so.
+  the convolutions with the largest workspaces run without them (1, 2, 4, ... more per round) and
+  the DP tries again; failing that, it falls back to sqrt and says so.
 
 A segment is only cut where its recomputation can read what it needs: every tensor it reads from
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
@@ -83,6 +83,8 @@ class Segmenter:
         self.cands = [i for i, lay in enumerate(view.fwd)
                       if any(t in self.saved for t in view.outputs(lay))]
         self._cache: dict[tuple[int, int], SegmentCost] = {}
+        self._peaks: dict[tuple[int, int, int], int] = {}
+        self._base: np.ndarray | None = None
         self.durs = {r.op: r.dur_us for r in self.retimes}
         # per forward layer: the saved maps its ops write; per map: the layer that made it, the
         # last forward layer that reads it, and its first backward reader
@@ -198,6 +200,12 @@ class Segmenter:
         return u
 
     def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
+        key = (a, b, id(base))
+        if key not in self._peaks:
+            self._peaks[key] = self._own_peak(a, b, base)
+        return self._peaks[key]
+
+    def _own_peak(self, a: int, b: int, base: np.ndarray) -> int:
         """Highest bytes on the device while the segment's feature maps live: the profile
         without feature maps (`base`) plus the segment's own maps, kept ones from their
         allocation to their free, dropped ones until their drop and again from the
@@ -271,6 +279,11 @@ class Segmenter:
         return sorted(cuts)
 
     def base_without_saved(self) -> np.ndarray:
+        if self._base is None:
+            self._base = self._base_without_saved()
+        return self._base
+
+    def _base_without_saved(self) -> np.ndarray:
         view = self.view
         u = Usage(view, self.retimes)
         for t in self.saved:
@@ -326,13 +339,15 @@ class Checkpointing(Policy):
 
     def _optimal(self, trace: Trace, view: TraceView, budget: int,
                  forced: frozenset[int] = frozenset()) -> Plan:
-        """The DP; under algo=auto, while no segmentation fits, the convolution with the
-        largest workspace still recorded runs without it and the DP tries again (checkpoints
-        cannot move, so a workspace next to them may have to go, as in vDNN_dyn's downgrade)."""
+        """The DP; under algo=auto, while no segmentation fits, convolutions run without their
+        workspace, the largest workspaces first (1, then 2, 4, ... more per round, at most 8
+        rounds), and the DP tries again: checkpoints cannot move, so a workspace next to them
+        may have to go, as in vDNN_dyn's downgrade."""
         workspaces = sorted(((view.tensor[t].size_bytes, o.id) for o in view.ops
                              for t in o.writes if view.tensor[t].kind == "workspace"),
                             reverse=True)
-        while True:
+        step = 1
+        for _ in range(8):
             retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
             seg = Segmenter(view, retimes)
             if seg.n == 0:
@@ -343,10 +358,12 @@ class Checkpointing(Policy):
             done = {r.op for r in retimes}
             left = [o for _, o in workspaces if o not in done]
             if self.algo != "auto" or not left:
-                k = max(1, round(math.sqrt(seg.n)))
-                return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the "
-                                                   f"model: fell back to sqrt)")
-            forced = forced | {left[0]}
+                break
+            forced = forced | set(left[:step])
+            step *= 2
+        k = max(1, round(math.sqrt(seg.n)))
+        return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the model: "
+                                           f"fell back to sqrt)")
 
     @staticmethod
     def _cuts(seg: Segmenter, budget: int) -> list[int] | None:
