@@ -66,10 +66,10 @@ class TraceView:
         self.fwd_index = {id(lay): i for i, lay in enumerate(self.fwd)}
         readers: dict[int, set[int]] = defaultdict(set)
         for o in trace.ops:
-            for t in o.reads:
-                readers[t].add(o.id)
-        for t in trace.tensors:
-            readers[t.id].update(c for c in t.consumers if c in self.op)
+            for tid in o.reads:
+                readers[tid].add(o.id)
+        for ten in trace.tensors:
+            readers[ten.id].update(c for c in ten.consumers if c in self.op)
         self.readers: dict[int, tuple[int, ...]] = {
             t: tuple(sorted(r, key=self.pos.__getitem__)) for t, r in readers.items()}
         self.free_op: dict[int, int] = {}

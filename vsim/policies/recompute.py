@@ -107,6 +107,13 @@ class Segmenter:
             owner.append(-1 if fl is None else fl)
         self.slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
 
+    def last_use(self, t: int) -> int:
+        """The op after which a dropped map goes: its last forward reader, else its producer."""
+        last = self.view.last_fwd_reader(t)
+        producer = self.view.tensor[t].producer
+        assert last is not None or producer is not None
+        return last if last is not None else producer  # type: ignore[return-value]
+
     @property
     def n(self) -> int:
         return len(self.cands)
@@ -141,7 +148,8 @@ class Segmenter:
         if not dropped:
             return SegmentCost((), (), None, kb, 0, 0, 0.0, True)
         drop_set = set(dropped)
-        before = min((self.first_need[t] for t in dropped), key=view.pos.__getitem__)
+        before = min((n for t in dropped if (n := self.first_need[t]) is not None),
+                     key=view.pos.__getitem__)
         slot = view.before(before)
         ops = [o for i in range(lo, hi + 1) for o in view.fwd[i].ops]
         chain = rebuild_chain(view, ops, dropped, slot)
@@ -168,8 +176,7 @@ class Segmenter:
                 continue
             assert c.before_op is not None
             for t in c.dropped:
-                last = self.view.last_fwd_reader(t)
-                acts.append(Drop(t, last if last is not None else self.view.tensor[t].producer))
+                acts.append(Drop(t, self.last_use(t)))
             acts.append(RecomputeAction(c.chain, c.before_op, c.dropped))
             total += c.recompute_us
         return acts, total, invalid
@@ -223,8 +230,7 @@ class Segmenter:
             size = view.tensor[t].size_bytes
             a0, f0 = view.alloc_slot(t) - lo, view.free_slot(t) - lo
             if t in dropped and rc is not None:
-                last = view.last_fwd_reader(t)
-                d0 = view.end(last if last is not None else view.tensor[t].producer) - lo
+                d0 = view.end(self.last_use(t)) - lo
                 own[a0] += size
                 own[d0] -= size
                 own[rc - lo] += size
