@@ -296,7 +296,8 @@ def test_accudnn_swaps_nothing_when_it_fits_and_hideable_maps_when_it_does_not()
     # away covers it; its round trip (2 x 7.3 ms) hides in the 60+ ms between conv2's forward
     # and backward (free time > 0), so the model expects nothing exposed.
     assert [(a.tensor, a.at_op) for a in of(p.actions, Offload)] == [(2, 2)]
-    assert "expects 0 us" in p.notes[0]
+    assert p.notes[0] == ("accudnn: 1 feature map(s) swapped, 1 of them expected to hide under "
+                          "compute entirely")
 
 
 def test_hybrid_recomputes_when_it_is_cheaper_than_the_exposed_swap():

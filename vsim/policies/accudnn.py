@@ -68,7 +68,7 @@ class AccUDNN(Policy):
         ev = Evictions(view, hw, Usage(view, retimes), budget, blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         ft = {t: free_time_us(ev, t) for t in candidates}
-        exposed = best_cost = 0.0
+        hidden, best_cost = 0, 0.0
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[bool, float, int] | None = None
             for t in candidates:
@@ -86,11 +86,11 @@ class AccUDNN(Policy):
             if best is None:
                 break
             ev.add_swap(-best[2])
-            exposed += best_cost
+            hidden += best_cost == 0
         jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])
-        notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped; the model expects "
-                 f"{exposed:.0f} us of transfer not hidden"]
+        notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped, {hidden} of them expected "
+                 f"to hide under compute entirely"]
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to swap there")

@@ -73,7 +73,7 @@ class Hybrid(Policy):
 
         chains = {t: recompute_chain(view, t) for t in cands}
         inputs: set[int] = set()   # read by planned recomputations: may be swapped, not dropped
-        spent = {"swap": 0.0, "recompute": 0.0}
+        spent = {"swap": 0.0, "recompute": 0.0}  # swap: how many hide; recompute: us
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[float, int, int, str] | None = None
             for t in cands:
@@ -95,7 +95,8 @@ class Hybrid(Policy):
             if best is None:
                 break
             cost_per_byte, _, t, how = best
-            spent[how] += cost_per_byte * view.tensor[t].size_bytes
+            spent[how] += (cost_per_byte == 0) if how == "swap" \
+                else cost_per_byte * view.tensor[t].size_bytes
             if how == "swap":
                 ev.add_swap(t)
                 continue
@@ -113,8 +114,8 @@ class Hybrid(Policy):
             ev.add_drop(t, chains[t])
         jit = jit_prefetch_slots(view, tl, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])
-        notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} us exposed by the model), "
-                 f"{len(ev.drops)} recomputed ({spent['recompute']:.0f} us)"]
+        notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} expected to hide "
+                 f"entirely), {len(ev.drops)} recomputed ({spent['recompute']:.0f} us)"]
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to evict there")
