@@ -18,7 +18,8 @@ Strategies:
   gradients, workspaces), s's own maps as the plan would hold them (dropped ones away between
   their drop and the recomputation) and the checkpoints of the segments before s. The DP keeps,
   for each cut, the Pareto set of (checkpoint bytes so far, recomputation time), over segments
-  of at most max(16, 3 ceil(sqrt(n))) layers (an approximation on deep networks). The result is
+  of at most max(16, 3 ceil(sqrt(n))) layers, cutting after any layer up to 400 layers and after
+  every ceil(n/400)-th beyond (approximations on deep networks, for planning time). The result is
   checked against the static profile and one simulated iteration, and planned again with a
   tighter budget when either exceeds the capacity. Under algo=auto, while no segmentation fits,
   the convolutions with the largest workspaces run without them (1, 2, 4, ... more per round) and
@@ -120,9 +121,17 @@ class Segmenter:
 
     @property
     def max_len(self) -> int:
-        """Longest segment the DP considers, in layers: max(16, 3 ceil(sqrt(n))), three times
-        the sqrt schedule's, which keeps the DP near n^1.5 on networks of hundreds of layers."""
-        return max(16, 3 * math.ceil(math.sqrt(self.n)))
+        """Longest segment the DP considers, in grid steps: max(16, 3 ceil(sqrt(units))), three
+        times the sqrt schedule's, which keeps the DP near n^1.5 on networks of hundreds of
+        layers."""
+        return max(16, 3 * math.ceil(math.sqrt(len(self.grid))))
+
+    @property
+    def grid(self) -> list[int]:
+        """Where the DP may cut: after every layer, or, beyond 400 layers, after every g-th
+        with g = ceil(n / 400) (a coarser optimum, so that ResNet-1001 plans in seconds)."""
+        g = max(1, math.ceil(self.n / 400))
+        return [*range(g, self.n, g), self.n]
 
     def layers(self, a: int, b: int) -> range:
         """Forward layer indices of the segment holding candidates a..b-1."""
@@ -253,12 +262,14 @@ class Segmenter:
         Model: while segment s's maps live, the device holds the profile without feature maps,
         s's own maps (own_peak) and the checkpoints of the segments before it."""
         n = self.n
+        grid = [0, *self.grid]
         # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
         fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
             [[] for _ in range(n)]
-        for b in range(1, n + 1):
+        for j in range(1, len(grid)):
+            b = grid[j]
             options = []
-            for a in range(max(0, b - self.max_len), b):
+            for a in grid[max(0, j - self.max_len):j]:
                 if not fronts[a]:
                     continue
                 c = self.cost(a, b)
