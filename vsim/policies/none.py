@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .base import Plan, Policy, choice, register
 from .algorithms import memory_optimal_retimes
+from .base import Plan, Policy, choice, register
 
 
 @register
