@@ -240,3 +240,20 @@ def test_validation_table_shows_a_measured_out_of_memory_as_a_dash() -> None:
     summary = {"n": 1, "ok": 1, "time_mape": None, "peak_mape": None, "fits_correct": 1}
     line = format_validation({"cases": [row], "summary": summary}).splitlines()[1]
     assert line.split()[1:5] == ["10.0", "us", "-", "-"]
+
+
+def test_superneurons_on_a_residual_network_trains_exactly(resnet) -> None:
+    """SuperNeurons used to drop a batch norm's output that the block's `out += identity` and
+    ReLU update in place later; the rebuilt map then missed those updates (wrong gradients)."""
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+
+    trace, s = resnet
+    hw = load_hardware("h100-sxm")
+    capacity = int(0.6 * max(1, trace.measured.peak_allocated_bytes if trace.measured else
+                             sum(t.size_bytes for t in trace.tensors)))
+    plan = make_policy("superneurons").plan(trace, hw, capacity)
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    got = compare_gradients(s.reference, s.gradients(ex))
+    assert ex.stats.inplace_missed == 0
+    assert got["bitwise_equal"], got

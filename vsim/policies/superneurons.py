@@ -69,8 +69,13 @@ def segments(view: TraceView) -> list[Segment]:
             run.extend(lay.ops)
             continue
         if run:
+            # A map that a later layer updates in place (ResNet's `out += identity` and ReLU on
+            # a batch norm's output) is not dropped: rebuilding it would mean re-running that
+            # update too, whose other inputs may be gone by then (found by vsim measure).
+            inside = set(run)
             dropped = [t for o in run for t in view.op[o].writes
-                       if view.is_saved(t) and view.tensor[t].kind == "activation"]
+                       if view.is_saved(t) and view.tensor[t].kind == "activation"
+                       and inside.issuperset(view.inplace_ops(t))]
             if dropped:
                 out.append(Segment(tuple(run), tuple(dropped)))
             run = []
