@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 from .errors import UnitError
 
@@ -27,7 +28,7 @@ _NUMBER = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*$")
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]+)\s*$")
 
 
-def _parse(text: object, table: dict[str, float], what: str, where: str | None) -> float:
+def _parse(text: object, table: Mapping[str, float], what: str, where: str | None) -> float:
     if isinstance(text, bool) or not isinstance(text, str):
         raise UnitError(
             f"expected a {what} with a unit (one of {', '.join(table)}), got {text!r}", where

@@ -37,7 +37,7 @@ from .planning import (
     algorithm_retimes,
     alive_in_trace,
     chain_inputs,
-    fit_by_profiling,
+    fit_with_notes,
     jit_prefetch_slots,
     recompute_chain,
 )
@@ -52,10 +52,8 @@ class Hybrid(Policy):
     algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda b, f: self._plan(trace, hw, b, f))
-        return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
-                    wait_for_memory=plan.wait_for_memory)
+        return fit_with_notes(trace, hw, capacity_bytes,
+                              lambda b, f: self._plan(trace, hw, b, f))
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int,
               forced: frozenset[int] = frozenset()) -> Plan:

@@ -27,7 +27,6 @@ performance keeps the recorded algorithms; memory runs all of them without works
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from ..hardware import Hardware
@@ -39,7 +38,7 @@ from .planning import (
     Usage,
     algorithm_retimes,
     apply_releases,
-    fit_by_profiling,
+    fit_with_notes,
     liveness_releases,
 )
 
@@ -58,9 +57,8 @@ class Layrub(Policy):
             raise ValueError(f"buffers must be at least 1, got {self.buffers}")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda b, f: self._plan(trace, hw, b, f))
-        return dataclasses.replace(plan, notes=(*plan.notes, *notes))
+        return fit_with_notes(trace, hw, capacity_bytes,
+                              lambda b, f: self._plan(trace, hw, b, f))
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
         view = TraceView(trace)

@@ -12,6 +12,7 @@ profiling run of Capuchin or vDNN_dyn) and tighten their budget when it fails.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -262,6 +263,13 @@ def check(trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int) -> dict[s
     from ..allocator import make_allocator  # the engine imports policies: import late
     from ..engine import simulate
     return simulate(trace, hw, _Given(plan), make_allocator("exact"), capacity_bytes).report
+
+
+def fit_with_notes(trace: Trace, hw: Hardware, capacity_bytes: int,
+                   build: Callable[[int, frozenset[int]], Plan]) -> Plan:
+    """fit_by_profiling's plan with the profiling notes after the plan's own."""
+    plan, notes = fit_by_profiling(trace, hw, capacity_bytes, build)
+    return dataclasses.replace(plan, notes=(*plan.notes, *notes))
 
 
 def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,

@@ -44,7 +44,7 @@ from .planning import (
     alive_in_trace,
     apply_releases,
     chain_inputs,
-    fit_by_profiling,
+    fit_with_notes,
     host_pool_bytes,
     liveness_releases,
     rebuild_chain,
@@ -131,10 +131,8 @@ class SuperNeurons(Policy):
     algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda b, f: self._plan(trace, hw, b, f))
-        return Plan(actions=plan.actions, notes=(*plan.notes, *notes),
-                    pinned_pool_bytes=plan.pinned_pool_bytes, wait_for_memory=True)
+        return fit_with_notes(trace, hw, capacity_bytes,
+                              lambda b, f: self._plan(trace, hw, b, f))
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int,
               forced: frozenset[int] = frozenset()) -> Plan:

@@ -29,7 +29,6 @@ performance keeps the recorded algorithms; memory runs all of them without works
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from ..hardware import Hardware
@@ -41,7 +40,7 @@ from .planning import (
     Swap,
     Usage,
     algorithm_retimes,
-    fit_by_profiling,
+    fit_with_notes,
     host_pool_bytes,
 )
 from .vdnn import offload_sets
@@ -57,9 +56,8 @@ class VDNNPlusPlus(Policy):
     algo: str = choice("auto", "performance", "memory")
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda b, f: self._plan(trace, hw, b, f))
-        return dataclasses.replace(plan, notes=(*plan.notes, *notes))
+        return fit_with_notes(trace, hw, capacity_bytes,
+                              lambda b, f: self._plan(trace, hw, b, f))
 
     def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
         view = TraceView(trace)
