@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VsimError as exc:
         print(f"vsim: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `vsim ... | head`: the reader left; not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:  # an output that cannot be written (permissions, disk full, ...)
         name = f"{exc.filename}: " if exc.filename else ""
         print(f"vsim: error: {name}{exc.strerror or exc}", file=sys.stderr)
