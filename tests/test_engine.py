@@ -290,3 +290,27 @@ def test_predicted_trace_keeps_deps_pointing_backwards_at_equal_start_times(tmp_
     assert [o.attr("trace_op") for o in predicted.ops] == [0, 1]
     save_trace(predicted, tmp_path / "p.vsim.json.gz")
     assert load_trace(tmp_path / "p.vsim.json.gz") == predicted
+
+
+def test_a_tensor_freed_while_its_copy_runs_counts_as_pytorch_counts_it():
+    # t0 (40,000 B) is offloaded when op0 starts: the copy takes 0-40 us, op0 ends at 20. The
+    # program frees t0 at op0's end (free_requested: PyTorch's memory_allocated drops), but the
+    # block is held until the copy ends at 40 (free_completed). op1 (20-40) allocates t2 while
+    # t0 is held: held = t0 + t1 + t2 = 60,000, allocated = t1 + t2 = 20,000. The prefetch at
+    # op3's launch (70, after op2 freed t2) brings allocated back to t0 + t1 = 50,000.
+    # Peak allocated 50,000 (at time 0 and at 70), peak held (exact: reserved) 60,000.
+    big = trace([op(0, 0, 20, reads=(0,), writes=(1,)), op(1, 20, 20, reads=(1,), writes=(2,)),
+                 op(2, 40, 30, phase="bwd", reads=(1, 2), frees=(2,)),
+                 op(3, 70, 30, phase="bwd", reads=(0, 1), frees=(1,))],
+                [tensor(0, 40_000, "input"), tensor(1, 10_000, producer=0),
+                 tensor(2, 10_000, producer=1)])
+    plan = [Offload(0, at_op=0), Prefetch(0, at_op=3, needed_by=3)]
+    r = run(big, plan)
+    assert r["peak_allocated_bytes"] == 50_000
+    assert r["peak_reserved_bytes"] == 60_000
+    # The 40 us prefetch (70-110) holds op3 back: it runs 110-140.
+    assert r["iteration_time_us"] == pytest.approx(140)
+    # The capacity check uses what is held: at 55,000 B op1's t2 does not fit (60,000 > 55,000)
+    # although PyTorch would report only 20,000 B allocated then.
+    r = run(big, plan, capacity=55_000)
+    assert r["fits"] is False and r["oom"]["op"] == 1

@@ -38,25 +38,40 @@ def bytes_moved(trace: Trace, direction: str) -> int:
 
 def memory_curve(trace: Trace) -> list[tuple[float, int, int]]:
     """(time_us, allocated_bytes, reserved_bytes) after each allocator event, in time order.
-    Reserved follows segment events; a trace without them reserves what it allocates."""
+    Allocated drops at free_requested (PyTorch's memory_allocated), or at free_completed for a
+    block with no free_requested. Reserved follows segment events; a trace without them
+    reserves what it holds."""
     allocated = reserved = 0
     has_segments = any(e.action in ("segment_alloc", "segment_free") for e in trace.mem_events)
     curve = []
     events = trace.mem_events
     if any(a.time_us > b.time_us for a, b in zip(events, events[1:], strict=False)):
         events = tuple(sorted(events, key=lambda e: e.time_us))
+    requested: dict[tuple[int | None, int], int] = {}  # freed by the program, still held
+    pending = 0  # their bytes
     for e in events:
         if e.action == "alloc":
             allocated += e.size_bytes
-        elif e.action == "free_completed":
+        elif e.action == "free_requested":
+            # Allocated bytes follow PyTorch's memory_allocated: down when the program frees a
+            # block, even if a stream still uses it (the block returns at free_completed).
             allocated -= e.size_bytes
+            requested[(e.tensor, e.addr)] = e.size_bytes
+            pending += e.size_bytes
+        elif e.action == "free_completed":
+            held_back = requested.pop((e.tensor, e.addr), None)
+            if held_back is None:
+                allocated -= e.size_bytes
+            else:
+                pending -= held_back
         elif e.action == "segment_alloc":
             reserved += e.size_bytes
         elif e.action == "segment_free":
             reserved -= e.size_bytes
         else:
             continue
-        curve.append((e.time_us, allocated, reserved if has_segments else allocated))
+        # Without segments, reserved is what is held: allocated plus blocks awaiting a stream.
+        curve.append((e.time_us, allocated, reserved if has_segments else allocated + pending))
     return curve
 
 

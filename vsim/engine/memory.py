@@ -59,6 +59,14 @@ class DeviceMemory:
                                     self.allocator.block_size(block), tensor=tensor, op=op))
         return True
 
+    def request_free(self, tensor: int, now: float, op: int | None) -> None:
+        """The program frees the tensor while a copy still reads its block: PyTorch counts it
+        no longer allocated (free_requested) but keeps the block until `release`
+        (free_completed)."""
+        block = self.blocks[tensor]
+        self.events.append(MemEvent("free_requested", now, self.allocator.block_addr(block),
+                                    self.allocator.block_size(block), tensor=tensor, op=op))
+
     def release(self, tensor: int, now: float, op: int | None, new_state: str) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)

@@ -118,6 +118,7 @@ class Engine:
         self.finished: set[int] = set()               # ops that have ended
         self.free_pending: set[int] = set()           # freed by the trace while a copy reads it
         self.release_op: dict[int, int] = {}          # offloaded tensor -> its release_after
+        self.releasing: dict[int, list[int]] = defaultdict(list)  # release op -> offloaded
         self.copy_procs: list[simpy.Process] = []     # offload and prefetch processes
         self.copies_in_flight = 0
         self.host_blocking: list[simpy.Event] = []    # pageable copies the host waits for
@@ -320,7 +321,12 @@ class Engine:
         for t in self.release_at_end.pop(op.id, []):
             if self.copied_out[t].triggered:
                 self._release_offloaded(t, op.id)
-            # else: the offload process releases it when its copy ends
+        # An offload still copying when its release op ends: the program frees the tensor now
+        # (PyTorch's memory_allocated drops: free_requested), but the block is reused only
+        # when the copy ends (record_stream; free_completed, by the offload process).
+        for t in self.releasing.pop(op.id, []):
+            if not self.copied_out[t].triggered and self.memory.where(t) == OFFLOADING:
+                self.memory.request_free(t, now, op.id)
         for off in self.index.offload_after.get(op.id, []):
             self._issue_offload(off)
         for t in op.frees:
@@ -378,6 +384,7 @@ class Engine:
         self.released[t] = self.env.event()
         release_after = off.release_after if off.release_after is not None else off.at_op
         self.release_op[t] = release_after
+        self.releasing[release_after].append(t)
         self.copies_in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self.copied_out[t])
