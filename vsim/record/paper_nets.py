@@ -26,25 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .zoo import IMAGENET_CLASSES, _images
+from .zoo import IMAGENET_CLASSES, _images, vgg_from_groups
 
 _E_GROUPS = (2, 2, 4, 4, 4)
 
 
 def vgg_e(extra_per_group: int = 0) -> nn.Module:
     """VGG configuration E with `extra_per_group` more 3x3 convolutions in each group."""
-    layers: list[nn.Module] = []
-    cin = 3
-    for cout, n in zip((64, 128, 256, 512, 512), _E_GROUPS, strict=True):
-        for _ in range(n + extra_per_group):
-            layers += [nn.Conv2d(cin, cout, 3, 1, 1), nn.ReLU(inplace=True)]
-            cin = cout
-        layers.append(nn.MaxPool2d(2, 2))
-    return nn.Sequential(
-        nn.Sequential(*layers), nn.Flatten(),
-        nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True),
-                      nn.Linear(4096, 4096), nn.ReLU(inplace=True),
-                      nn.Linear(4096, IMAGENET_CLASSES)))
+    return vgg_from_groups(tuple(n + extra_per_group for n in _E_GROUPS))
 
 
 def _build(model: nn.Module, batch: int, size: int = 224) -> tuple[nn.Module, Any, Any]:

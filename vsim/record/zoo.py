@@ -126,9 +126,15 @@ def vgg(depth: int) -> nn.Module:
         groups = tuple(n + extra for n in _VGG_GROUPS[16])
     else:
         raise ConfigError(f"no VGG-{depth}: use 11, 13, 16, 19 or 16+100j (116, 216, ...)")
+    return vgg_from_groups(groups)
+
+
+def vgg_from_groups(groups: tuple[int, ...]) -> nn.Module:
+    """A VGG with `groups[i]` 3x3 convolutions (and in-place ReLUs) in group i, each group
+    closed by a 2x2 max pool, then the three fully connected layers."""
     layers: list[nn.Module] = []
     cin = 3
-    for cout, n in zip((64, 128, 256, 512, 512), groups, strict=False):
+    for cout, n in zip((64, 128, 256, 512, 512), groups, strict=True):
         for _ in range(n):
             layers += [nn.Conv2d(cin, cout, 3, 1, 1), nn.ReLU(inplace=True)]
             cin = cout

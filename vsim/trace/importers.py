@@ -17,13 +17,11 @@ dependencies, kinds), `op_layer_type` and `stream_map`.
 from __future__ import annotations
 
 import bisect
-import gzip
 import importlib
 import io
 import json
 import pickle
 import re
-import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from .io import read_maybe_gzip
 from .schema import MEM_ACTIONS, Kernel, Measured, MemEvent, Op, Tensor, Trace
 
 BWD_PREFIX = "autograd::engine::evaluate_function: "
@@ -179,15 +178,7 @@ def _int(value: Any, default: int | None = None) -> int | None:
 def load_chrome(path: str | Path) -> Any:
     """Read a Chrome-trace JSON file, gzip or plain; TraceError naming the file if unreadable."""
     where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read: {exc.strerror or exc}", where) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"corrupt gzip data ({exc})", where) from None
+    raw = read_maybe_gzip(path)
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

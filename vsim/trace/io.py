@@ -142,18 +142,27 @@ def default_file_mode() -> int:
 
 # ---------------------------------------------------------------- reading
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
+def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
+    """The file's bytes, gunzipped when they start with gzip's magic number; TraceError naming
+    the file when it cannot be read ("cannot read {what}: ...") or its gzip data is corrupt."""
     where = str(path)
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise TraceError(f"cannot read trace: {exc.strerror or exc}", where) from None
+        label = f"cannot read {what}" if what else "cannot read"
+        raise TraceError(f"{label}: {exc.strerror or exc}", where) from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"corrupt gzip data ({exc})", where) from None
+    return raw
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
+    where = str(path)
+    raw = read_maybe_gzip(path, "trace")
     try:
         doc = json.loads(raw)
     except UnicodeDecodeError:
