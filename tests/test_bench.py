@@ -19,3 +19,18 @@ def test_bench_json_has_every_figure(capsys, monkeypatch):
     assert all(result[k] is not None and result[k] > 0 for k in KEYS)
     assert result["event_rate_ratio"] == result["vsim_events_per_s"] / result["simpy_events_per_s"]
     assert result["sweep"]["configs"] == 9 * 3 * 3  # 8..24 GiB by 2, three policies, three traces
+
+
+def test_simulated_events_count_what_the_run_did():
+    """Every op start and end, every copy start and end, every allocator event: a vdnn run with
+    copies counts its copies too, and more events than SimPy schedules for it."""
+    from vsim.bench import count_events
+    from vsim.trace import load_trace
+
+    trace = load_trace(ROOT / "traces" / "vgg16-b64-h100.vsim.json.gz")
+    plain, _ = count_events(trace, "h100-sxm", "none", None)
+    # 80 ops, each at least a start and an end, plus an alloc per tensor it holds
+    assert plain >= 2 * len(trace.ops) + len(trace.tensors)
+    offloading, simpy_events = count_events(trace, "h100-sxm", "vdnn:mode=all", None)
+    assert offloading > plain
+    assert offloading > simpy_events

@@ -298,6 +298,16 @@ def test_bytes_brought_back_equal_bytes_sent_out(r):
 
 
 @SETTINGS
+@given(r=runs())
+def test_report_metrics_are_the_predicted_traces_metrics(r):
+    """The engine computes the report without building the predicted trace (for speed); it
+    must say what metrics.summary says of that trace, to the last bit."""
+    result = simulate_run(r)
+    summary = metrics.summary(result.predicted)
+    assert {k: result.report[k] for k in summary} == summary
+
+
+@SETTINGS
 @given(trace=traces(streams=(0,)))
 def test_no_plan_peak_is_the_liveness_peak(trace):
     """On one stream with no plan and the exact allocator, the simulated peak is the trace's

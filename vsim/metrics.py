@@ -6,6 +6,7 @@ compares like with like.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .trace.schema import Trace
@@ -37,41 +38,50 @@ def bytes_moved(trace: Trace, direction: str) -> int:
 
 
 def memory_curve(trace: Trace) -> list[tuple[float, int, int]]:
-    """(time_us, allocated_bytes, reserved_bytes) after each allocator event, in time order.
-    Allocated drops at free_requested (PyTorch's memory_allocated), or at free_completed for a
-    block with no free_requested. Reserved follows segment events; a trace without them
-    reserves what it holds."""
+    """(time_us, allocated_bytes, reserved_bytes) after each allocator event, in time order."""
+    return curve_of_events([(e.action, e.time_us, e.addr, e.size_bytes, e.stream, e.tensor, e.op)
+                            for e in trace.mem_events])
+
+
+def curve_of_events(events: Sequence[tuple[Any, ...]], *, has_segments: bool | None = None,
+                    in_time_order: bool = False) -> list[tuple[float, int, int]]:
+    """The memory curve of allocator events given as tuples in MemEvent's field order (what the
+    engine logs). Allocated drops at free_requested (PyTorch's memory_allocated), or at
+    free_completed for a block with no free_requested. Reserved follows segment events; a log
+    without them reserves what it holds. A caller that knows whether the log has segment events
+    and is in time order (the engine logs as simulated time advances) says so: both checks cost
+    a pass over the log."""
     allocated = reserved = 0
-    has_segments = any(e.action in ("segment_alloc", "segment_free") for e in trace.mem_events)
+    if has_segments is None:
+        has_segments = any(e[0] == "segment_alloc" or e[0] == "segment_free" for e in events)
     curve = []
-    events = trace.mem_events
-    if any(a.time_us > b.time_us for a, b in zip(events, events[1:], strict=False)):
-        events = tuple(sorted(events, key=lambda e: e.time_us))
+    if not in_time_order and any(a[1] > b[1] for a, b in zip(events, events[1:], strict=False)):
+        events = sorted(events, key=lambda e: e[1])
     requested: dict[tuple[int | None, int], int] = {}  # freed by the program, still held
     pending = 0  # their bytes
-    for e in events:
-        if e.action == "alloc":
-            allocated += e.size_bytes
-        elif e.action == "free_requested":
+    for action, time_us, addr, size, _stream, tensor, _op in events:
+        if action == "alloc":
+            allocated += size
+        elif action == "free_requested":
             # Allocated bytes follow PyTorch's memory_allocated: down when the program frees a
             # block, even if a stream still uses it (the block returns at free_completed).
-            allocated -= e.size_bytes
-            requested[(e.tensor, e.addr)] = e.size_bytes
-            pending += e.size_bytes
-        elif e.action == "free_completed":
-            held_back = requested.pop((e.tensor, e.addr), None)
+            allocated -= size
+            requested[(tensor, addr)] = size
+            pending += size
+        elif action == "free_completed":
+            held_back = requested.pop((tensor, addr), None)
             if held_back is None:
-                allocated -= e.size_bytes
+                allocated -= size
             else:
                 pending -= held_back
-        elif e.action == "segment_alloc":
-            reserved += e.size_bytes
-        elif e.action == "segment_free":
-            reserved -= e.size_bytes
+        elif action == "segment_alloc":
+            reserved += size
+        elif action == "segment_free":
+            reserved -= size
         else:
             continue
         # Without segments, reserved is what is held: allocated plus blocks awaiting a stream.
-        curve.append((e.time_us, allocated, reserved if has_segments else allocated + pending))
+        curve.append((time_us, allocated, reserved if has_segments else allocated + pending))
     return curve
 
 
@@ -88,13 +98,19 @@ def peak_reserved_bytes(trace: Trace, curve: Curve | None = None) -> int:
 
 def avg_allocated_bytes(trace: Trace, curve: Curve | None = None) -> float:
     """Time-weighted mean of allocated bytes over [0, iteration end]."""
-    end = iteration_time_us(trace)
+    return time_weighted_allocated(curve or memory_curve(trace), iteration_time_us(trace))
+
+
+def time_weighted_allocated(curve: Curve, end: float) -> float:
+    """Mean allocated bytes of a memory curve over [0, end]."""
     if end <= 0:
         return 0.0
     total, last_t, last_a = 0.0, 0.0, 0
-    for t, a, _ in curve or memory_curve(trace):
-        total += last_a * (min(t, end) - last_t)
-        last_t, last_a = min(t, end), a
+    for t, a, _ in curve:
+        if t > end:
+            t = end
+        total += last_a * (t - last_t)
+        last_t, last_a = t, a
     total += last_a * (end - last_t)
     return total / end
 

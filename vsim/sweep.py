@@ -336,8 +336,8 @@ def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
 
 
 def _run_chunk(cfgs: list[Config], files: list[str] | None = None) -> list[dict[str, Any]]:
-    return [run_config(c, None if files is None else f)
-            for c, f in zip(cfgs, files or [None] * len(cfgs), strict=True)]
+    names: list[str | None] = [None] * len(cfgs) if files is None else list(files)
+    return [run_config(c, f) for c, f in zip(cfgs, names, strict=True)]
 
 
 # ---------------------------------------------------------------- rows and output files

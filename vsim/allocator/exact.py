@@ -4,6 +4,7 @@ bytes of live tensors would exceed the capacity."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from .base import Allocator, AllocatorSpec, register_allocator
 
@@ -18,14 +19,13 @@ class ExactAllocator(Allocator):
         self.reserved_bytes = self.allocated_bytes
         return size_bytes
 
+    # A block is its size in bytes (an int).
     def free(self, block: object) -> None:
-        assert isinstance(block, int)
-        self.allocated_bytes -= block
+        self.allocated_bytes -= cast(int, block)
         self.reserved_bytes = self.allocated_bytes
 
     def block_size(self, block: object) -> int:
-        assert isinstance(block, int)
-        return block
+        return cast(int, block)
 
     def largest_free_bytes(self) -> int:
         return self.capacity_bytes - self.allocated_bytes

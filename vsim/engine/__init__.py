@@ -7,7 +7,7 @@ predicted traces.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import functools
 from typing import Any
 
 from .. import metrics
@@ -15,16 +15,25 @@ from ..allocator.base import AllocatorSpec
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..policies.base import Policy
-from ..trace.schema import Op, Tensor, Trace
-from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, PlanError
+from ..trace.schema import MemEvent, Op, Tensor, Trace
+from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
 __all__ = ["PlanError", "SimResult", "simulate"]
 
 
-@dataclass(frozen=True)
 class SimResult:
-    report: dict[str, Any]
-    predicted: Trace
+    """A simulation's report, and its predicted trace, built on first use: sweeps and searches
+    need only the report, and building the trace (an Op and a MemEvent per event) costs about
+    as much as the run itself."""
+
+    def __init__(self, report: dict[str, Any], trace: Trace, hw: Hardware, policy: Policy,
+                 allocator: AllocatorSpec, capacity: int, out: EngineOutput) -> None:
+        self.report = report
+        self._inputs = (trace, hw, policy, allocator, capacity, out)
+
+    @functools.cached_property
+    def predicted(self) -> Trace:
+        return _predicted_trace(*self._inputs)
 
 
 def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
@@ -36,8 +45,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
         raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
     plan = policy.plan(trace, hw, capacity)
     out = Engine(trace, hw, plan, allocator.build(capacity)).run()
-    predicted, curve = _predicted_trace(trace, hw, policy, allocator, capacity, out)
-    report = metrics.summary(predicted, curve)
+    report = run_metrics(trace, out)
     report.update({
         "pinned_host_peak_bytes": max(out.memory.host_peak_bytes, plan.pinned_pool_bytes),
         "fits": out.oom is None,
@@ -54,7 +62,41 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
             "peak_allocated_bytes": trace.measured.peak_allocated_bytes,
             "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
     })
-    return SimResult(report=report, predicted=predicted)
+    return SimResult(report, trace, hw, policy, allocator, capacity, out)
+
+
+def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
+    """metrics.summary of the predicted trace, computed from the engine's output without
+    building that trace (tests/test_engine_metrics.py holds the two equal). Sums run in the
+    predicted trace's op order so that they agree to the last bit."""
+    executed = _in_start_order(out)
+    curve = engine_curve(out)
+    end = out.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
+    return {
+        "iteration_time_us": end,
+        "compute_time_us": sum(e.dur_us for e in executed),
+        "stall_time_us": sum(e.stall_us for e in executed),
+        "recompute_time_us": sum(e.dur_us for e in executed if e.recompute_of is not None),
+        "peak_allocated_bytes": max((a for _, a, _ in curve), default=0),
+        "peak_reserved_bytes": max((r for _, _, r in curve), default=0),
+        "avg_allocated_bytes": metrics.time_weighted_allocated(curve, end),
+        "h2d_bytes": sum(c.size_bytes for c in out.copies if c.direction == "h2d"),
+        "d2h_bytes": sum(c.size_bytes for c in out.copies if c.direction == "d2h"),
+    }
+
+
+def engine_curve(out: EngineOutput) -> metrics.Curve:
+    """The memory curve of the engine's allocator log (logged in time order, with segment
+    events exactly when the allocator model has segments)."""
+    return metrics.curve_of_events(out.memory.events, in_time_order=True,
+                                   has_segments=out.memory.allocator.has_segments)
+
+
+def _in_start_order(out: EngineOutput) -> list[ExecutedOp]:
+    """By start time, ties in the order the ops ended (a stable sort of `executed`, which is
+    appended as ops end): an op that waited on a zero-length op starting at the same instant
+    on another stream comes after it, so deps and uses still point backwards."""
+    return sorted(out.executed, key=lambda e: e.start_us)
 
 
 def allocator_spec_string(spec: AllocatorSpec) -> str:
@@ -63,15 +105,12 @@ def allocator_spec_string(spec: AllocatorSpec) -> str:
 
 
 def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
-                     capacity: int, out: EngineOutput) -> tuple[Trace, metrics.Curve]:
+                     capacity: int, out: EngineOutput) -> Trace:
     """Ops renumbered in execution order (recomputations get their own ids), original tensors
     with producers and consumers mapped to the new ids, copies and allocator events as run."""
     new_id: dict[int, int] = {}
     ops: list[Op] = []
-    # By start time, ties in the order the ops ended (a stable sort of `executed`, which is
-    # appended as ops end): an op that waited on a zero-length op starting at the same instant
-    # on another stream comes after it, so deps and uses still point backwards.
-    for i, ex in enumerate(sorted(out.executed, key=lambda e: e.start_us)):
+    for i, ex in enumerate(_in_start_order(out)):
         op = ex.op
         attrs = dict(op.attrs)
         attrs["stall_us"] = ex.stall_us
@@ -107,12 +146,12 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
                                   str(D2H_STREAM): "D2H copies"}})
     predicted = Trace(meta=meta, tensors=tensors, ops=tuple(ops), measured=trace.measured,
                       copies=tuple(sorted(out.copies, key=lambda c: (c.start_us, c.stream))),
-                      mem_events=tuple(out.memory.events))
+                      mem_events=tuple(MemEvent(*e) for e in out.memory.events))
     # Memory counters for viewing in Perfetto: the last state at each distinct time.
-    curve = metrics.memory_curve(predicted)
+    curve = engine_curve(out)
     points = {t: (a, r) for t, a, r in curve}
     counters = tuple({"name": "device memory", "ph": "C", "ts": t, "pid": 1,
                       "args": {"allocated_MiB": round(a / 2**20, 3),
                                "reserved_MiB": round(r / 2**20, 3)}}
                      for t, (a, r) in sorted(points.items()))
-    return dataclasses.replace(predicted, counters=counters), curve
+    return dataclasses.replace(predicted, counters=counters)

@@ -1,12 +1,15 @@
 """Device memory as the engine sees it: the allocator, where each tensor lives, pinned host bytes,
-and the log of allocator events from which the predicted trace and its metrics are built."""
+and the log of allocator events from which the predicted trace and its metrics are built.
+
+The log holds plain tuples in MemEvent's field order (action, time_us, addr, size_bytes, stream,
+tensor, op): building a frozen dataclass per event cost a microsecond each, a quarter of the
+engine's time per op; the predicted trace turns them into MemEvents only when it is asked for."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..allocator.base import Allocator
-from ..trace.schema import MemEvent
 
 # Where a tensor is. 'offloading': on the device with a D2H copy in flight; 'prefetching': device
 # memory taken, H2D copy in flight.
@@ -39,7 +42,7 @@ class DeviceMemory:
         self.count_pinned = count_pinned
         self.blocks: dict[int, object] = {}
         self.state: dict[int, str] = {}
-        self.events: list[MemEvent] = []
+        self.events: list[tuple[str, float, int, int, int, int | None, int | None]] = []
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self._reserved_seen = 0
@@ -49,14 +52,15 @@ class DeviceMemory:
 
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
                  state: str = DEVICE) -> bool:
-        block = self.allocator.malloc(size_bytes)
+        a = self.allocator
+        block = a.malloc(size_bytes)
         if block is None:
             return False
         self.blocks[tensor] = block
         self.state[tensor] = state
-        self._segment_change(now)
-        self.events.append(MemEvent("alloc", now, self.allocator.block_addr(block),
-                                    self.allocator.block_size(block), tensor=tensor, op=op))
+        if a.has_segments:
+            self._segment_change(now)
+        self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, op))
         return True
 
     def request_free(self, tensor: int, now: float, op: int | None) -> None:
@@ -64,27 +68,30 @@ class DeviceMemory:
         no longer allocated (free_requested) but keeps the block until `release`
         (free_completed)."""
         block = self.blocks[tensor]
-        self.events.append(MemEvent("free_requested", now, self.allocator.block_addr(block),
-                                    self.allocator.block_size(block), tensor=tensor, op=op))
+        self.events.append(("free_requested", now, self.allocator.block_addr(block),
+                            self.allocator.block_size(block), 0, tensor, op))
 
     def release(self, tensor: int, now: float, op: int | None, new_state: str) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)
         if block is not None:
-            size = self.allocator.block_size(block)
-            addr = self.allocator.block_addr(block)
-            self.allocator.free(block)
-            self.events.append(MemEvent("free_completed", now, addr, size, tensor=tensor, op=op))
-            self._segment_change(now)
+            a = self.allocator
+            size = a.block_size(block)
+            addr = a.block_addr(block)
+            a.free(block)
+            self.events.append(("free_completed", now, addr, size, 0, tensor, op))
+            if a.has_segments:
+                self._segment_change(now)
         self.state[tensor] = new_state
 
     def _segment_change(self, now: float) -> None:
-        if not self.allocator.has_segments:
-            return  # reserved is allocated: no segment events (metrics read it that way)
+        """A segment event when reserved bytes changed (allocators without segments reserve
+        what they allocate: no segment events, and the metrics read it that way)."""
         reserved = self.allocator.reserved_bytes
         if reserved != self._reserved_seen:
             action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
-            self.events.append(MemEvent(action, now, 0, abs(reserved - self._reserved_seen)))
+            self.events.append((action, now, 0, abs(reserved - self._reserved_seen), 0, None,
+                                None))
             self._reserved_seen = reserved
 
     def pin(self, size_bytes: int) -> None:

@@ -30,6 +30,7 @@ from .memory import (
     OFFLOADING,
     PREFETCHING,
     RESIDENT,
+    UNBORN,
     DeviceMemory,
     OutOfMemory,
 )
@@ -42,8 +43,8 @@ class PlanError(Exception):
     policy, not bad user input."""
 
 
-@dataclass
-class _ExecutedOp:
+@dataclass(slots=True)
+class ExecutedOp:
     op: Op
     start_us: float
     dur_us: float
@@ -55,7 +56,7 @@ class _ExecutedOp:
 class EngineOutput:
     """Raw outcome of a run; vsim.engine.run turns it into a predicted trace and a report."""
 
-    executed: list[_ExecutedOp]
+    executed: list[ExecutedOp]
     copies: list[Copy]
     memory: DeviceMemory
     oom: OutOfMemory | None
@@ -92,6 +93,12 @@ class _PlanIndex:
                 self.recompute_before[a.before_op].append(a)
             elif isinstance(a, Retime):
                 self.retime[a.op] = a
+        # Ops with something hung on them before they run / after they end: every other op
+        # takes the engine's short path (most ops of most plans).
+        self.acts_before: set[int] = {*self.prefetch_at, *self.recompute_before, *self.needs,
+                                      *self.retime, *self.offload_at}
+        self.acts_after: set[int] = {*self.offload_after, *self.sync_after, *self.drop_after,
+                                     *self.release_after}
 
 
 class Engine:
@@ -109,8 +116,14 @@ class Engine:
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes)
         self.tensors: dict[int, Tensor] = trace.tensor_by_id()
+        self.size = {t.id: t.size_bytes for t in trace.tensors}
         self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
-        self.done: dict[int, simpy.Event] = {op.id: self.env.event() for op in trace.ops}
+        self.streams = self._stream_steps()
+        # SimPy events only for ops another stream waits for.
+        self.done: dict[int, simpy.Event] = {
+            d: self.env.event() for steps in self.streams.values() for *_, deps in steps
+            for d in deps}
+        self.completed: set[int] = set()              # ops past their end and any sync
         self.copied_out: dict[int, simpy.Event] = {}  # D2H copy finished
         self.released: dict[int, simpy.Event] = {}    # ... and the device copy given back
         self.prefetched: dict[int, simpy.Event] = {}  # H2D copy finished
@@ -122,37 +135,45 @@ class Engine:
         self.copy_procs: list[simpy.Process] = []     # offload and prefetch processes
         self.copies_in_flight = 0
         self.host_blocking: list[simpy.Event] = []    # pageable copies the host waits for
-        self.executed: list[_ExecutedOp] = []
+        self.executed: list[ExecutedOp] = []
         self.copies: list[Copy] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.gaps = self._launch_gaps()
 
     # ------------------------------------------------------------ setup
 
-    def _launch_gaps(self) -> dict[int, float]:
-        """GPU idle time before each op in the recording, on its own stream."""
-        gaps: dict[int, float] = {}
+    def _stream_steps(self) -> dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]]:
+        """Per stream, its ops in order, each with what the short path needs, computed once:
+        the GPU idle time before it in the recording on its stream (the launch gap), what it
+        reads that it does not write itself (a trace may list an op's own output or workspace
+        among its reads), and its deps on other streams (a dep on its own stream has ended
+        before it: a stream runs its ops in order)."""
+        streams: dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]] = {}
         last_end: dict[int, float] = {}
+        stream_of: dict[int, int] = {}
         for op in self.trace.ops:
+            stream_of[op.id] = op.stream
             prev = last_end.get(op.stream, 0.0)
-            gaps[op.id] = max(0.0, op.start_us - prev)
-            last_end[op.stream] = max(prev, op.start_us + op.dur_us)
-        return gaps
+            gap = op.start_us - prev if op.start_us > prev else 0.0
+            end = op.start_us + op.dur_us
+            last_end[op.stream] = end if end > prev else prev
+            reads = op.reads
+            if op.writes and not set(op.writes).isdisjoint(reads):
+                reads = tuple(t for t in reads if t not in op.writes)
+            deps = tuple(d for d in op.deps if stream_of[d] != op.stream) if op.deps else ()
+            streams.setdefault(op.stream, []).append((op, gap, reads, deps))
+        return streams
 
     def run(self) -> EngineOutput:
         if self._allocate_resident():
-            streams: dict[int, list[Op]] = defaultdict(list)
-            for op in self.trace.ops:
-                streams[op.stream].append(op)
-            procs = [self.env.process(self._stream(ops)) for ops in streams.values()]
+            procs = [self.env.process(self._stream(steps)) for steps in self.streams.values()]
             self.env.process(self._finish(procs))
             try:
                 self.env.run(until=self.halt)
             except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
                 if self.halt.triggered or self.env.peek() != float("inf"):
                     raise
-                stuck = [op for op in self.trace.ops if not self.done[op.id].triggered]
+                stuck = [op for op in self.trace.ops if op.id not in self.completed]
                 raise PlanError(f"the plan deadlocks: op {stuck[0].id} ({stuck[0].name}) never "
                                 f"finishes, nor {len(stuck) - 1} other ops (a sync or an "
                                 "allocation waits for a copy or a release that waits for "
@@ -182,73 +203,106 @@ class Engine:
     # ------------------------------------------------------------ memory helpers
 
     def _alloc(self, tensor: int, op: int | None, state: str = DEVICE) -> bool:
-        size = self.tensors[tensor].size_bytes
-        if self.memory.allocate(tensor, size, self.env.now, op, state):
+        if self.memory.allocate(tensor, self.size[tensor], self.env.now, op, state):
             return True
-        self.oom = self.memory.oom(op, tensor, size)
+        self._out_of_memory(tensor, op)
+        return False
+
+    def _out_of_memory(self, tensor: int, op: int | None) -> None:
+        self.oom = self.memory.oom(op, tensor, self.size[tensor])
         if not self.halt.triggered:
             self.halt.succeed()
-        return False
 
     def _free(self, tensor: int, op: int | None) -> None:
         """The trace (or a Release) frees the tensor wherever it is."""
-        where = self.memory.where(tensor)
-        if where == OFFLOADING or where == PREFETCHING:
+        where = self.memory.state.get(tensor, UNBORN)
+        if where == DEVICE or where == DROPPED:
+            self.memory.release(tensor, self.env.now, op, FREED)
+        elif where == OFFLOADING or where == PREFETCHING:
             self.free_pending.add(tensor)  # released when the copy ends
         elif where == HOST:
-            self.memory.unpin(self.tensors[tensor].size_bytes)
-            self.memory.release(tensor, self.env.now, op, FREED)
-        elif where in (DEVICE, DROPPED):
+            self.memory.unpin(self.size[tensor])
             self.memory.release(tensor, self.env.now, op, FREED)
 
     # ------------------------------------------------------------ compute streams
 
-    def _stream(self, ops: list[Op]) -> Generator[simpy.Event, Any, None]:
+    def _stream(self, steps: list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]
+                ) -> Generator[simpy.Event, Any, None]:
+        """Run a stream's ops in order. The common case (no action of the plan on the op, no
+        copy or other stream to wait for, everything it reads on the GPU) stays on a short path:
+        it is most ops of most runs, and the engine's speed is the speed of this loop."""
+        env, index, state = self.env, self.index, self.memory.state
+        acts_before, acts_after = index.acts_before, index.acts_after
+        wait_for_memory = self.plan.wait_for_memory
+        allocate, size = self.memory.allocate, self.size
         prev_end = 0.0
-        for op in ops:
-            ready = prev_end + self.gaps[op.id]
-            if ready > self.env.now:
-                yield self.env.timeout(ready - self.env.now)
-            # Prefetches hang on the op's launch: issued before it waits for anything, so that
-            # an op can also fetch what it needs itself (at_op == needed_by).
-            for pre in self.index.prefetch_at.get(op.id, []):
-                self._issue_prefetch(pre)
-            recomputes = self.index.recompute_before.get(op.id, [])
-            # Pageable copies are synchronous for the host: nothing launches until they end.
-            waits = [e for e in self.host_blocking if not e.triggered]
-            self.host_blocking.clear()
-            waits += [self.done[d] for d in op.deps if not self.done[d].triggered]
+        for op, gap, reads_in, cross_deps in steps:
+            oid = op.id
+            ready = prev_end + gap
+            if ready > env.now:
+                yield env.timeout(ready - env.now)
+            recomputes: Sequence[Recompute] = ()
+            if oid in acts_before:
+                # Prefetches hang on the op's launch: issued before it waits for anything, so
+                # that an op can also fetch what it needs itself (at_op == needed_by).
+                for pre in index.prefetch_at.get(oid, ()):
+                    self._issue_prefetch(pre)
+                recomputes = index.recompute_before.get(oid, ())
+            waits: list[simpy.Event] = []
+            if self.host_blocking:
+                # Pageable copies are synchronous for the host: nothing launches until they end.
+                waits = [e for e in self.host_blocking if not e.triggered]
+                self.host_blocking.clear()
+            for d in cross_deps:
+                if not self.done[d].triggered:
+                    waits.append(self.done[d])
             if waits:
-                yield self.env.all_of(waits)
+                yield env.all_of(waits)
             # Only now, with its deps done, is what it reads from other streams produced.
-            waits = self._reads_ready(op, recomputes)
-            if waits:
-                yield self.env.all_of(waits)
-            stall = self.env.now - ready
+            on_device = True
+            for t in reads_in:
+                if state.get(t) != DEVICE:
+                    on_device = False
+                    break
+            if not on_device or oid in acts_before:
+                waits = self._reads_ready(op, recomputes)
+                if waits:
+                    yield env.all_of(waits)
+            stall = env.now - ready
             for rc in recomputes:
                 if not (yield from self._recompute(rc, op)):
                     return
-            wait_start = self.env.now
-            if not (yield from self._allocate_outputs(op)):
-                return
-            stall += self.env.now - wait_start  # waiting for offloads to give memory back
-            for off in self.index.offload_at.get(op.id, []):
-                self._issue_offload(off)
-            dur = self._duration(op)
-            start = self.env.now
+            wait_start = env.now
+            if wait_for_memory or oid in acts_before:
+                if not (yield from self._allocate_outputs(op)):
+                    return
+                stall += env.now - wait_start  # waiting for offloads to give memory back
+                for off in index.offload_at.get(oid, ()):
+                    self._issue_offload(off)
+            else:
+                now = env.now
+                for t in op.writes:
+                    if not allocate(t, size[t], now, oid):
+                        self._out_of_memory(t, oid)
+                        return
+            dur = self._duration(op) if self.copies_in_flight or oid in acts_before \
+                else op.dur_us
+            start = env.now
             if dur > 0:
-                yield self.env.timeout(dur)
-            self.executed.append(_ExecutedOp(op, start, dur, stall))
+                yield env.timeout(dur)
+            self.executed.append(ExecutedOp(op, start, dur, stall))
             self._after(op)
-            if op.id in self.index.sync_after:
-                sync_start = self.env.now
+            if oid in acts_after and oid in index.sync_after:
+                sync_start = env.now
                 inflight = [e for e in [*self.copied_out.values(), *self.prefetched.values()]
                             if not e.triggered]
                 if inflight:
-                    yield self.env.all_of(inflight)
-                self.executed[-1].stall_us += self.env.now - sync_start
-            prev_end = self.env.now
-            self.done[op.id].succeed()
+                    yield env.all_of(inflight)
+                self.executed[-1].stall_us += env.now - sync_start
+            prev_end = env.now
+            self.completed.add(oid)
+            if oid in self.done:
+                self.done[oid].succeed()
 
     def _reads_ready(self, op: Op, recomputes: Sequence[Recompute] = ()) -> list[simpy.Event]:
         """Events the op must wait for so that everything it reads is on the GPU.
@@ -259,9 +313,8 @@ class Engine:
         waits = []
         rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
         chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
-        # What the op itself writes is allocated just after these waits (a trace may list an
-        # op's own output or workspace among its reads; the loader accepts that).
-        needed = (set(op.reads) - rebuilt - set(op.writes)) | (chain_reads - rebuilt) \
+        # What the op itself writes is allocated just after these waits.
+        needed = (set(op.reads) - set(op.writes) - rebuilt) | (chain_reads - rebuilt) \
             | set(self.index.needs.get(op.id, []))
         for t in sorted(needed):
             where = self.memory.where(t)
@@ -295,7 +348,7 @@ class Engine:
         """Allocate; under Plan.wait_for_memory a request that does not fit waits for offloads
         in flight (whose op has ended, so that only their copy holds the memory) to give their
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
-        size = self.tensors[tensor].size_bytes
+        size = self.size[tensor]
         while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
@@ -316,26 +369,39 @@ class Engine:
         return dur
 
     def _after(self, op: Op) -> None:
-        now = self.env.now
-        self.finished.add(op.id)
-        for t in self.release_at_end.pop(op.id, []):
-            if self.copied_out[t].triggered:
-                self._release_offloaded(t, op.id)
-        # An offload still copying when its release op ends: the program frees the tensor now
-        # (PyTorch's memory_allocated drops: free_requested), but the block is reused only
-        # when the copy ends (record_stream; free_completed, by the offload process).
-        for t in self.releasing.pop(op.id, []):
-            if not self.copied_out[t].triggered and self.memory.where(t) == OFFLOADING:
-                self.memory.request_free(t, now, op.id)
-        for off in self.index.offload_after.get(op.id, []):
-            self._issue_offload(off)
+        oid = op.id
+        self.finished.add(oid)
+        if self.release_at_end or self.releasing:
+            self._release_copied(oid)
+        acted = oid in self.index.acts_after
+        if acted:  # an offload issued after the op sees the tensors it frees still there
+            for off in self.index.offload_after.get(oid, ()):
+                self._issue_offload(off)
+        state = self.memory.state
         for t in op.frees:
-            self._free(t, op.id)
-        for t in self.index.release_after.get(op.id, []):
-            self._free(t, op.id)
-        for t in self.index.drop_after.get(op.id, []):
+            if state.get(t) == DEVICE:  # the common case, without _free's other branches
+                self.memory.release(t, self.env.now, oid, FREED)
+            else:
+                self._free(t, oid)
+        if not acted:
+            return
+        for t in self.index.release_after.get(oid, ()):
+            self._free(t, oid)
+        for t in self.index.drop_after.get(oid, ()):
             if self.memory.where(t) == DEVICE:
-                self.memory.release(t, now, op.id, DROPPED)
+                self.memory.release(t, self.env.now, oid, DROPPED)
+
+    def _release_copied(self, oid: int) -> None:
+        """Offloads whose release op `oid` just ended: copied out, their device copy goes back;
+        still copying, the program frees them now (PyTorch's memory_allocated drops:
+        free_requested) but the block is reused only when the copy ends (record_stream;
+        free_completed, by the offload process)."""
+        for t in self.release_at_end.pop(oid, []):
+            if self.copied_out[t].triggered:
+                self._release_offloaded(t, oid)
+        for t in self.releasing.pop(oid, []):
+            if not self.copied_out[t].triggered and self.memory.where(t) == OFFLOADING:
+                self.memory.request_free(t, self.env.now, oid)
 
     def _recompute(self, rc: Recompute, before: Op) -> Generator[simpy.Event, Any, bool]:
         """Re-run forward ops. `rc.tensors` (dropped) come back and stay; any other tensor the
@@ -365,7 +431,7 @@ class Engine:
             dur = self._duration(op)
             if dur > 0:
                 yield self.env.timeout(dur)
-            self.executed.append(_ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+            self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
         for t, former in transient:
             self.memory.release(t, self.env.now, before.id, former)
         return True
