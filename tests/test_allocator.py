@@ -161,3 +161,60 @@ def test_replay_serves_the_recorded_sequence_and_creates_optimizer_state_at_the_
     # Second iteration: momentum lives throughout: 4 + 4 + 12 = 20 MiB, still in 22 MiB.
     two = replay_allocator(tr, make_allocator("caching"), 1 << 30, iterations=2)
     assert two.peak_allocated_bytes == 20 * MiB and two.peak_reserved_bytes == 22 * MiB
+
+
+def test_replay_creates_cublas_workspaces_at_the_first_gemm():
+    """Unidentified resident blocks no op reads (cuBLAS's workspaces) are created at the first
+    GEMM of the first iteration, as PyTorch does, not before the iteration."""
+    from builders import op, tensor, trace
+
+    from vsim.allocator.replay import replay_allocator
+    from vsim.trace.schema import MemEvent
+
+    ops = [op(0, 0, 10, layer_type="conv"), op(1, 10, 10, layer_type="fc"),
+           op(2, 20, 10, phase="bwd")]
+    tr = trace(ops, [tensor(0, 4 * MiB, "weight"), tensor(1, 6 * MiB, "temporary")])
+    events = (MemEvent("alloc", 0, 0xA, 12 * MiB, op=0),
+              MemEvent("alloc", 10, 0xB, 2 * MiB, op=1),
+              MemEvent("free_completed", 20, 0xA, 12 * MiB, op=2),
+              MemEvent("free_completed", 20, 0xB, 2 * MiB, op=2))
+    tr = type(tr)(tr.meta, tr.tensors, tr.ops, mem_events=events)
+    # Weight: 20 MiB segment, 16 MiB left free; the 12 MiB output takes it (4 MiB left). At the
+    # FC op the 6 MiB workspace fits nowhere: a second 20 MiB segment (14 MiB left), and the
+    # 2 MiB output best-fits the 4 MiB block. 40 MiB reserved. (Workspace up front instead:
+    # it splits the first segment, the 12 MiB output needs a 12 MiB segment of its own: 32 MiB.)
+    one = replay_allocator(tr, make_allocator("caching"), 1 << 30, iterations=1)
+    assert one.peak_reserved_bytes == 40 * MiB
+    assert one.peak_allocated_bytes == (4 + 12 + 6 + 2) * MiB
+
+
+def test_best_fit_breaks_ties_by_segment_address():
+    """Two equal free blocks: the one at the lower address serves the request, so where
+    cudaMalloc put the segments decides which one is split."""
+    from vsim.allocator.caching import CachingAllocator
+
+    for addresses, expected in (((0x200000000, 0x100000000), 0x100000000),
+                                ((0x100000000, 0x200000000), 0x100000000)):
+        a = CachingAllocator(1 << 30, addresses)
+        first, second = a.malloc(12 * MiB), a.malloc(12 * MiB)
+        a.free(first)
+        a.free(second)
+        assert a.block_addr(a.malloc(12 * MiB)) == expected
+
+
+def test_whole_run_histories_replay_segment_for_segment():
+    """The caching model serves PyTorch's recorded request streams (validation/allocator) with
+    the same segments, in order and size, and the same allocated and reserved bytes after
+    every iteration, given the segments' recorded addresses."""
+    from pathlib import Path
+
+    from vsim.allocator.history import history_files, load_history, replay_history
+
+    files = history_files([str(Path(__file__).resolve().parent.parent / "validation" /
+                               "allocator")])
+    assert len(files) >= 9
+    for f in files:
+        replayed = replay_history(load_history(f))
+        assert replayed.model_segments == replayed.recorded_segments, f.name
+        assert all(rec == mod for rec, mod in replayed.reserved), f.name
+        assert all(rec == mod for rec, mod in replayed.allocated), f.name

@@ -465,18 +465,69 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from .allocator.history import HISTORY_SUFFIX, history_files
     from .validate import load_cases, paper_files
 
-    cases = load_cases(args.cases)
-    papers = paper_files(args.cases)
-    if papers and not cases:
-        return _validate_papers(papers, args.json)
-    if not cases:
+    histories = history_files(args.cases)
+    others = [p for p in args.cases if not p.endswith(HISTORY_SUFFIX)]
+    cases, papers = load_cases(others), paper_files(others)
+    if not (cases or papers or histories):
         raise ConfigError(f"no validation cases found in {', '.join(args.cases)}")
+    code = 0
+    if histories:
+        code = max(code, _validate_histories(histories, args.json))
     if papers:
-        code = _validate_papers(papers, args.json)
-        return max(code, _validate_cases(cases, args))
-    return _validate_cases(cases, args)
+        code = max(code, _validate_papers(papers, args.json))
+    if cases:
+        code = max(code, _validate_cases(cases, args))
+    return code
+
+
+def _validate_histories(files: list[Path], as_json: bool) -> int:
+    """The caching model against PyTorch's whole-run allocator histories."""
+    from .allocator.history import TOLERANCE, load_history, replay_history
+
+    histories = [load_history(f) for f in files]  # all read before any output
+    rows = []
+    for h in histories:
+        if not as_json:
+            _progress(f"replaying {h.name} ({len(h.entries)} allocator events)")
+        exact, virtual = replay_history(h), replay_history(h, recorded_addresses=False)
+        rows.append({
+            "history": h.path, "run": h.name, "device": h.meta.get("device"),
+            "iterations": len(h.iterations), "events": len(h.entries),
+            "reserved_recorded_bytes": exact.reserved[-1][0],
+            "reserved_model_bytes": exact.reserved[-1][1],
+            "reserved_error": exact.reserved_error,
+            "allocated_exact": all(a == b for a, b in exact.allocated),
+            "segments_recorded": len(exact.recorded_segments),
+            "segments_model": len(exact.model_segments),
+            "first_divergent_segment": exact.first_divergence(),
+            "reserved_model_virtual_addresses_bytes": virtual.reserved[-1][1],
+            "reserved_error_virtual_addresses": virtual.reserved_error,
+            "first_divergent_segment_virtual_addresses": virtual.first_divergence(),
+            "ok": abs(exact.reserved_error) <= TOLERANCE})
+    if as_json:
+        _emit_json({"tolerance": TOLERANCE, "histories": rows})
+    else:
+        print(f"Caching allocator model against PyTorch's allocator histories (whole runs, "
+              f"reserved after the last iteration; tolerance {TOLERANCE:.0%})")
+        print(f"{'run':18} {'events':>7} {'recorded':>10} {'model':>10} {'err':>7} {'segments':>9}"
+              f"  {'virtual addr':>12} {'err':>7}  ok")
+        for r in rows:
+            print(f"{r['run']:18} {r['events']:7d} {_gib(r['reserved_recorded_bytes']):>10} "
+                  f"{_gib(r['reserved_model_bytes']):>10} {_pct(r['reserved_error']):>7} "
+                  f"{r['segments_model']:>4}/{r['segments_recorded']:<4}"
+                  f"  {_gib(r['reserved_model_virtual_addresses_bytes']):>12} "
+                  f"{_pct(r['reserved_error_virtual_addresses']):>7}  "
+                  f"{'ok' if r['ok'] else 'MISS'}")
+        print("model: segments at the recorded cudaMalloc addresses; virtual addr: at the "
+              "increasing addresses the simulator uses (best fit breaks ties by address)")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.3f} GiB"
 
 
 def _validate_cases(cases: Any, args: argparse.Namespace) -> int:

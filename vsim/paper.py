@@ -51,8 +51,8 @@ CLASSIFIER_TYPES = ("fc", "loss", "optimizer", "softmax", "dropout")
 def is_paper_file(path: Path) -> bool:
     try:
         doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return False
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # not a readable YAML file: not a paper file (its own loader says why)
     return isinstance(doc, dict) and doc.get("kind") == "paper"
 
 

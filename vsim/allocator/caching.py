@@ -18,6 +18,7 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .base import Allocator, AllocatorSpec, register_allocator
@@ -46,10 +47,17 @@ def segment_size(size_bytes: int) -> int:
 
 
 class CachingAllocator(Allocator):
-    def __init__(self, capacity_bytes: int) -> None:
+    """`segment_addresses`: where each new segment lies, in order (a recorded run's cudaMalloc
+    results, for replaying its history). Addresses matter: best fit breaks ties between free
+    blocks of equal size by address, and the driver's placement is neither increasing nor
+    predictable. Without them (or once they run out) segments get increasing virtual
+    addresses, deterministic."""
+
+    def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
         self.pools: dict[tuple[str, int], BlockPool] = {}
-        self.next_addr = 1 << 32  # virtual addresses, deterministic
+        self.next_addr = 1 << 32
+        self.segment_addresses = iter(segment_addresses)
 
     def _pool(self, pool: str, stream: int) -> BlockPool:
         return self.pools.setdefault((pool, stream), BlockPool())
@@ -65,8 +73,11 @@ class CachingAllocator(Allocator):
                 self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
                 if self.reserved_bytes + grow > self.capacity_bytes:
                     return None
-            block = pool.add_segment(self.next_addr, grow, kind, stream)
-            self.next_addr += grow
+            addr = next(self.segment_addresses, None)
+            if addr is None:
+                addr = self.next_addr
+                self.next_addr += grow
+            block = pool.add_segment(addr, grow, kind, stream)
             self.reserved_bytes += grow
             self.segment_allocs += 1
         remaining = block.size - size

@@ -7,12 +7,20 @@ allocation order: the tensors resident before the iteration (weights, optimizer 
 are allocated first, then each `alloc` is served and each `free_completed` returned, matched by
 address. The iteration is played `iterations` times so that reserved memory reaches the steady
 state a long training run has.
+
+The first pass plays the first iteration of a training process, where reserved memory is set:
+blocks that live across iterations but are created at first use are allocated where that first
+use is, not up front: SGD's momentum buffers at the first optimizer op, and the unidentified
+resident blocks no op reads (cuBLAS's workspaces) at the first GEMM. Both placements were read
+off PyTorch's whole-run histories (validation/allocator/h100); leaving them up front fragments
+differently and missed measured reserved memory by up to 16% (vgg16 b128).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..compute import op_class
 from ..errors import TraceError
 from ..trace.schema import Trace
 from .base import AllocatorSpec
@@ -37,22 +45,27 @@ def replay_allocator(trace: Trace, spec: AllocatorSpec, capacity_bytes: int,
     allocator = spec.build(capacity_bytes)
     peak_alloc = peak_resv = 0
     phase = {op.id: op.phase for op in trace.ops}
-    # The first training step creates the optimizer state (SGD's momentum buffers) when the
-    # optimizer first runs; everything else resident exists before the first iteration.
-    late = [t for t in trace.tensors if t.producer is None and t.kind == "optimizer_state"]
-    for t in trace.tensors:
-        if t.producer is None and t.kind != "optimizer_state" and \
+    gemm = {op.id for op in trace.ops if op_class(op) == "gemm"}
+    resident = [t for t in trace.tensors if t.producer is None]
+    late_state = [t for t in resident if t.kind == "optimizer_state"]
+    late_workspace = [t for t in resident if t.kind == "temporary" and not t.consumers] \
+        if gemm else []
+    for t in resident:
+        if t not in late_state and t not in late_workspace and \
                 allocator.malloc(t.size_bytes) is None:
             return ReplayResult(0, allocator.reserved_bytes, False, 0)
     live: dict[int, object] = {}
     count = 0
     for _ in range(iterations):
         for e in allocs:
-            if late and e.op is not None and phase.get(e.op) == "opt":
-                for t in late:
-                    if allocator.malloc(t.size_bytes) is None:
-                        return ReplayResult(peak_alloc, peak_resv, False, count)
-                late = []
+            late = []
+            if late_workspace and e.op in gemm:
+                late, late_workspace = late_workspace, []
+            elif late_state and e.op is not None and phase.get(e.op) == "opt":
+                late, late_state = late_state, []
+            for t in late:
+                if allocator.malloc(t.size_bytes) is None:
+                    return ReplayResult(peak_alloc, peak_resv, False, count)
             count += 1
             if e.action == "alloc":
                 block = allocator.malloc(e.size_bytes, e.stream)

@@ -509,6 +509,33 @@ def build() -> tuple[dict[str, bytes], list[dict[str, Any]]]:
     option_case("trace-is-folder", [], "a folder given as the trace",
                 ["{dir}: cannot read trace"],
                 ["run", "{dir}", "--hw", "{hw}", "--timeline", "{out}/t.vsim.json.gz"])
+    # ---------------------------------------------------------------- allocator histories
+    validate = ["validate", "{file}"]
+    history = {"meta": {"model": "m", "batch_size": 1},
+               "entries": [{"action": "segment_alloc", "addr": 0, "size": 2097152},
+                           {"action": "alloc", "addr": 0, "size": 512}],
+               "iterations": [{"first_entry": 0, "allocated": 512, "reserved": 2097152}]}
+
+    def history_case(file: str, doc: Any, what: str, expect: list[str]) -> None:
+        case(file, gz(json.dumps(doc).encode()), what, ["{file}", *expect], validate)
+
+    case("history-truncated.history.json.gz", gz(json.dumps(history).encode())[:40],
+         "an allocator history cut off inside its gzip stream",
+         ["{file}: ", "corrupt gzip data"], validate)
+    history_case("history-unknown-action.history.json.gz",
+                 {**history, "entries": [{"action": "malloc", "addr": 0, "size": 1}]},
+                 "an allocator event with an unknown action",
+                 [": entries[0]: ", "unknown action 'malloc'"])
+    history_case("history-negative-size.history.json.gz",
+                 {**history, "entries": [{"action": "alloc", "addr": 0, "size": -512}]},
+                 "an allocation of a negative size", [": entries[0]: ", "size at least 0"])
+    history_case("history-no-iterations.history.json.gz",
+                 {k: v for k, v in history.items() if k != "iterations"},
+                 "a history without its per-iteration memory", [": ", "missing key 'iterations'"])
+    history_case("history-iteration-outside.history.json.gz",
+                 {**history, "iterations": [{"first_entry": 9, "allocated": 0, "reserved": 0}]},
+                 "an iteration starting after the last event",
+                 [": iterations[0]: ", "first_entry 9 is outside the 2 entries"])
     option_case("inspect-hardware-profile", [], "a hardware profile given to inspect",
                 ["{hw}: invalid JSON at line 1"], ["inspect", "{hw}"])
     return files, cases
