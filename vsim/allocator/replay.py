@@ -9,21 +9,19 @@ address. The iteration is played `iterations` times so that reserved memory reac
 state a long training run has.
 
 The first pass plays the first iteration of a training process, where reserved memory is set:
-blocks that live across iterations but are created at first use are allocated where that first
-use is, not up front: SGD's momentum buffers at the first optimizer op, and the unidentified
-resident blocks no op reads (cuBLAS's workspaces) at the first GEMM. Both placements were read
-off PyTorch's whole-run histories (validation/allocator/h100); leaving them up front fragments
-differently and missed measured reserved memory by up to 16% (vgg16 b128).
+blocks that live across iterations but are created at first use (vsim.allocator.first_use) are
+allocated there, not up front; leaving them up front fragments differently and missed measured
+reserved memory by up to 16% (vgg16 b128).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compute import op_class
 from ..errors import TraceError
 from ..trace.schema import Trace
 from .base import AllocatorSpec
+from .first_use import first_use_residents
 
 
 @dataclass(frozen=True)
@@ -44,28 +42,24 @@ def replay_allocator(trace: Trace, spec: AllocatorSpec, capacity_bytes: int,
                          str(trace.meta.get("model", "trace")))
     allocator = spec.build(capacity_bytes)
     peak_alloc = peak_resv = 0
-    phase = {op.id: op.phase for op in trace.ops}
-    gemm = {op.id for op in trace.ops if op_class(op) == "gemm"}
-    resident = [t for t in trace.tensors if t.producer is None]
-    late_state = [t for t in resident if t.kind == "optimizer_state"]
-    late_workspace = [t for t in resident if t.kind == "temporary" and not t.consumers] \
-        if gemm else []
-    for t in resident:
-        if t not in late_state and t not in late_workspace and \
+    pos = {op.id: i for i, op in enumerate(trace.ops)}
+    first_use = first_use_residents(trace)
+    deferred = {t for ts in first_use.values() for t in ts}
+    for t in trace.tensors:
+        if t.producer is None and t.id not in deferred and \
                 allocator.malloc(t.size_bytes) is None:
             return ReplayResult(0, allocator.reserved_bytes, False, 0)
+    size = {t.id: t.size_bytes for t in trace.tensors}
     live: dict[int, object] = {}
     count = 0
+    # Created at the first event of their op or of any later op (an op may log no event).
+    late = sorted((pos[op], ts) for op, ts in first_use.items())
     for _ in range(iterations):
         for e in allocs:
-            late = []
-            if late_workspace and e.op in gemm:
-                late, late_workspace = late_workspace, []
-            elif late_state and e.op is not None and phase.get(e.op) == "opt":
-                late, late_state = late_state, []
-            for t in late:
-                if allocator.malloc(t.size_bytes) is None:
-                    return ReplayResult(peak_alloc, peak_resv, False, count)
+            while late and e.op is not None and late[0][0] <= pos.get(e.op, -1):
+                for t in late.pop(0)[1]:
+                    if allocator.malloc(size[t]) is None:
+                        return ReplayResult(peak_alloc, peak_resv, False, count)
             count += 1
             if e.action == "alloc":
                 block = allocator.malloc(e.size_bytes, e.stream)
