@@ -314,3 +314,34 @@ def test_a_tensor_freed_while_its_copy_runs_counts_as_pytorch_counts_it():
     # although PyTorch would report only 20,000 B allocated then.
     r = run(big, plan, capacity=55_000)
     assert r["fits"] is False and r["oom"]["op"] == 1
+
+
+def test_first_iteration_creates_cublas_workspace_at_first_gemm_and_its_segments_stay():
+    """With --first-iteration the caching allocator first serves a training process's first
+    iteration (the 6 MiB unidentified resident block, cuBLAS's workspace, created as the first
+    GEMM launches), and the reported iteration starts from the segments it left."""
+    mib = 2**20
+    ops = [op(0, 0, 10, layer_type="conv", writes=(2,)),
+           op(1, 10, 10, layer_type="fc", reads=(2,), writes=(3,)),
+           op(2, 20, 10, phase="bwd", reads=(2, 3), frees=(2, 3))]
+    tr = trace(ops, [tensor(0, 4 * mib, "weight"), tensor(1, 6 * mib, "temporary"),
+                     tensor(2, 12 * mib, producer=0, consumers=(1, 2)),
+                     tensor(3, 2 * mib, producer=1, consumers=(2,))])
+    caching = make_allocator("caching")
+    plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30).report
+    # Everything resident up front: weight and workspace share a 20 MiB segment (10 MiB left),
+    # the 12 MiB output needs a segment of its own: 32 MiB.
+    assert plain["peak_reserved_bytes"] == 32 * mib
+    warm = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=True).report
+    # First iteration: the output takes 12 of the first segment's 16 free MiB, the workspace at
+    # the FC op opens a second 20 MiB segment: 40 MiB, kept for the reported iteration.
+    assert warm["peak_reserved_bytes"] == 40 * mib
+    assert warm["peak_allocated_bytes"] == plain["peak_allocated_bytes"] == 24 * mib
+    assert warm["iteration_time_us"] == plain["iteration_time_us"]
+    assert any("first iteration ran before" in n for n in warm["notes"])
+    # At 36 MiB the first iteration cannot open that second segment: the run does not fit,
+    # though the steady iteration alone would.
+    assert simulate(tr, hardware(), Fixed(), caching, 36 * mib).report["fits"]
+    short = simulate(tr, hardware(), Fixed(), caching, 36 * mib, first_iteration=True).report
+    assert not short["fits"] and short["oom"]["op"] == 1
+    assert any("out of memory in the first iteration" in n for n in short["notes"])

@@ -145,7 +145,7 @@ def relative_error(predicted: float, measured: float) -> float | None:
     return None if not measured else (predicted - measured) / measured
 
 
-def run_case(case: Case) -> dict[str, Any]:
+def run_case(case: Case, first_iteration: bool = False) -> dict[str, Any]:
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .allocator import make_allocator
     from .engine import simulate
@@ -158,8 +158,8 @@ def run_case(case: Case) -> dict[str, Any]:
     measured = measured_result(case, trace.measured)
     hw = load_hardware(case.hardware)
     trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
-    report = simulate(trace, hw, make_policy(case.policy),
-                      make_allocator(case.allocator), case.memory_bytes).report
+    report = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                      case.memory_bytes, first_iteration).report
     predicted = {k: report[k] for k in ("iteration_time_us", "peak_allocated_bytes",
                                         "peak_reserved_bytes", "fits")}
     error: dict[str, float | None] = {}
@@ -177,15 +177,15 @@ def run_case(case: Case) -> dict[str, Any]:
             "tolerance": case.tolerance, "ok": ok}
 
 
-def validate(cases: list[Case], progress: Callable[[str], None] | None = None
-             ) -> dict[str, Any]:
+def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
+             first_iteration: bool = False) -> dict[str, Any]:
     """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct}}."""
     rows = []
     for i, case in enumerate(cases, 1):
         if progress:
             progress(f"[{i}/{len(cases)}] {case.id}")
         try:
-            rows.append(run_case(case))
+            rows.append(run_case(case, first_iteration))
         except VsimError as exc:
             raise ConfigError(f"case {case.id}: {exc}", case.source) from None
     return {"cases": rows, "summary": summarize(rows)}

@@ -15,15 +15,24 @@ from ..trace.schema import Trace
 
 
 def first_use_residents(trace: Trace) -> dict[int, list[int]]:
-    """op id -> the resident tensors created just before that op's own allocations."""
-    resident = [t for t in trace.tensors if t.producer is None]
-    momentum = [t.id for t in resident if t.kind == "optimizer_state"]
-    cublas = [t.id for t in resident if t.kind == "temporary" and not t.consumers]
-    placed: dict[int, list[int]] = {}
+    """op id -> the resident tensors created as that op launches: the first
+    optimizer op or the first GEMM, or the first op that reads the tensor if that comes earlier."""
+    pos = {op.id: i for i, op in enumerate(trace.ops)}
     first_opt = next((op.id for op in trace.ops if op.phase == "opt"), None)
     first_gemm = next((op.id for op in trace.ops if op_class(op) == "gemm"), None)
-    if momentum and first_opt is not None:
-        placed.setdefault(first_opt, []).extend(momentum)
-    if cublas and first_gemm is not None:
-        placed.setdefault(first_gemm, []).extend(cublas)
+    placed: dict[int, list[int]] = {}
+    for t in trace.tensors:
+        if t.producer is not None:
+            continue
+        if t.kind == "optimizer_state":
+            at = first_opt
+        elif t.kind == "temporary" and not t.consumers:
+            at = first_gemm
+        else:
+            continue
+        readers = [c for c in t.consumers if c in pos]
+        if readers and (at is None or min(pos[c] for c in readers) < pos[at]):
+            at = min(readers, key=pos.__getitem__)
+        if at is not None:
+            placed.setdefault(at, []).append(t.id)
     return placed

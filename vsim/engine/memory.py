@@ -63,6 +63,17 @@ class DeviceMemory:
         self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, op))
         return True
 
+    def adopt(self, tensor: int, block: object, now: float) -> None:
+        """A block the allocator already holds (left by a previous iteration) becomes this
+        run's: logged as allocated now, with the segments reserved so far."""
+        a = self.allocator
+        self.blocks[tensor] = block
+        self.state[tensor] = DEVICE
+        if a.has_segments:
+            self._segment_change(now)
+        self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor,
+                            None))
+
     def request_free(self, tensor: int, now: float, op: int | None) -> None:
         """The program frees the tensor while a copy still reads its block: PyTorch counts it
         no longer allocated (free_requested) but keeps the block until `release`

@@ -104,8 +104,15 @@ class _PlanIndex:
 class Engine:
     """One simulation. Build it, call run() once."""
 
-    def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator) -> None:
+    def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
+                 first_use: dict[int, list[int]] | None = None,
+                 resident_blocks: dict[int, object] | None = None) -> None:
+        """`first_use` (a first iteration): resident tensors created only just before the given
+        ops' own allocations (vsim.allocator.first_use). `resident_blocks`: resident tensors
+        already in `allocator` (left by a previous iteration), adopted instead of allocated."""
         self.trace = trace
+        self.first_use = dict(first_use or {})
+        self.resident_blocks = resident_blocks or {}
         self.hw = hw
         self.plan = plan
         self.index = _PlanIndex(plan)
@@ -194,11 +201,29 @@ class Engine:
             self.halt.succeed()
 
     def _allocate_resident(self) -> bool:
-        """Weights, optimizer state, inputs: on the GPU before the first op."""
+        """Weights, optimizer state, inputs: on the GPU before the first op (unless created at
+        first use, or already there from a previous iteration)."""
+        later = {t for ts in self.first_use.values() for t in ts}
         for t in self.trace.tensors:
-            if t.producer is None and not self._alloc(t.id, None):
-                return False
+            if t.producer is None and t.id not in later:
+                block = self.resident_blocks.get(t.id)
+                if block is not None:
+                    self.memory.adopt(t.id, block, self.env.now)
+                elif not self._alloc(t.id, None):
+                    return False
         return True
+
+    def resident_left(self) -> dict[int, object]:
+        """After run(): give back every block but the resident tensors'; their blocks (tensor
+        -> block), for the next iteration to adopt."""
+        resident = {t.id for t in self.trace.tensors if t.producer is None}
+        kept = {}
+        for t, block in list(self.memory.blocks.items()):
+            if t in resident:
+                kept[t] = block
+            else:
+                self.memory.allocator.free(block)
+        return kept
 
     # ------------------------------------------------------------ memory helpers
 
@@ -241,6 +266,10 @@ class Engine:
             ready = prev_end + gap
             if ready > env.now:
                 yield env.timeout(ready - env.now)
+            if self.first_use and oid in self.first_use:  # created at first use, on launch
+                for t in self.first_use.pop(oid):
+                    if not self._alloc(t, oid):
+                        return
             recomputes: Sequence[Recompute] = ()
             if oid in acts_before:
                 # Prefetches hang on the op's launch: issued before it waits for anything, so
