@@ -317,9 +317,10 @@ def test_a_tensor_freed_while_its_copy_runs_counts_as_pytorch_counts_it():
 
 
 def test_first_iteration_creates_cublas_workspace_at_first_gemm_and_its_segments_stay():
-    """With --first-iteration the caching allocator first serves a training process's first
-    iteration (the 6 MiB unidentified resident block, cuBLAS's workspace, created as the first
-    GEMM launches), and the reported iteration starts from the segments it left."""
+    """With a first iteration (the caching allocator's default) the allocator first serves a
+    training process's first iteration (the 6 MiB unidentified resident block, cuBLAS's
+    workspace, created as the first GEMM launches), and the reported iteration starts from the
+    segments it left."""
     mib = 2**20
     ops = [op(0, 0, 10, layer_type="conv", writes=(2,)),
            op(1, 10, 10, layer_type="fc", reads=(2,), writes=(3,)),
@@ -328,7 +329,7 @@ def test_first_iteration_creates_cublas_workspace_at_first_gemm_and_its_segments
                      tensor(2, 12 * mib, producer=0, consumers=(1, 2)),
                      tensor(3, 2 * mib, producer=1, consumers=(2,))])
     caching = make_allocator("caching")
-    plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30).report
+    plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=False).report
     # Everything resident up front: weight and workspace share a 20 MiB segment (10 MiB left),
     # the 12 MiB output needs a segment of its own: 32 MiB.
     assert plain["peak_reserved_bytes"] == 32 * mib
@@ -341,7 +342,28 @@ def test_first_iteration_creates_cublas_workspace_at_first_gemm_and_its_segments
     assert any("first iteration ran before" in n for n in warm["notes"])
     # At 36 MiB the first iteration cannot open that second segment: the run does not fit,
     # though the steady iteration alone would.
-    assert simulate(tr, hardware(), Fixed(), caching, 36 * mib).report["fits"]
+    assert simulate(tr, hardware(), Fixed(), caching, 36 * mib, first_iteration=False
+                    ).report["fits"]
     short = simulate(tr, hardware(), Fixed(), caching, 36 * mib, first_iteration=True).report
     assert not short["fits"] and short["oom"]["op"] == 1
     assert any("out of memory in the first iteration" in n for n in short["notes"])
+
+
+def test_workspace_fallback_runs_the_convolution_without_its_workspace():
+    """A convolution whose workspace cannot be had runs its workspace-free algorithm (here,
+    with no GPU known for the trace, estimated at 1.5x its recorded time) instead of ending the
+    run; without the fallback the run is out of memory at that op."""
+    mib = 2**20
+    conv = op(0, 0, 10, layer_type="conv", name="aten::convolution", reads=(0, 2),
+              writes=(1, 2), frees=(2,))
+    tr = trace([conv, op(1, 10, 5, reads=(1,), frees=(1,))],
+               [tensor(0, 2 * mib, "weight"), tensor(1, 4 * mib, producer=0, consumers=(1,)),
+                tensor(2, 30 * mib, "workspace", producer=0, consumers=(0,))])
+    exact = make_allocator("exact")
+    assert simulate(tr, hardware(), Fixed(), exact, 10 * mib).report["oom"]["op"] == 0
+    result = simulate(tr, hardware(), Fixed(), exact, 10 * mib, workspace_fallback=True)
+    report = result.report
+    assert report["fits"] and report["peak_allocated_bytes"] == 6 * mib
+    assert report["iteration_time_us"] == 10 * 1.5 + 5
+    assert any("workspace fallback: 1 convolution(s)" in n for n in report["notes"])
+    assert result.predicted.ops[0].reads == (0,)  # its workspace was never there to read

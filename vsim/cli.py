@@ -70,9 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", help="policy spec NAME[:key=value,...]; give "
                    "several to compare them side by side (default: none)")
     p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
-    p.add_argument("--first-iteration", action="store_true", help="run a training process's "
-                   "first iteration before the reported one, on the same allocator (its "
-                   "segments and fragmentation carry over)")
+    p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction, help="run a "
+                   "training process's first iteration before the reported one, on the same "
+                   "allocator (its segments and fragmentation carry over; default: with the "
+                   "caching allocator)")
+    p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction, help="a "
+                   "convolution whose workspace cannot be allocated runs without one, at its "
+                   "workspace-free algorithm's time, as PyTorch falls back to another cuDNN "
+                   "engine (default: with the caching allocator)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
                    "when several policies are given)")
     p.add_argument("--timeline", help="write the predicted trace (Perfetto-viewable) here")
@@ -106,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default="validation/predicted-vs-measured.png",
                    help="scatter plot of predicted against measured (default: %(default)s; "
                    "'none' for no plot)")
-    p.add_argument("--first-iteration", action="store_true", help="simulate each case's first "
-                   "iteration before the reported one (see vsim run)")
+    p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction,
+                   help="simulate each case's first iteration first (see vsim run)")
+    p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction,
+                   help="fall back to workspace-free convolutions (see vsim run)")
     p.set_defaults(handler=cmd_validate)
 
     p = verbs.add_parser("bench", help="how fast the simulator is on this machine")
@@ -232,8 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if capacity is not None and capacity > hw.capacity_bytes and not args.json:
         _progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
                   f"({format_size(hw.capacity_bytes)}): simulating a larger card")
-    results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration)
-               for p in policies]
+    results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration,
+                        args.workspace_fallback) for p in policies]
     if args.timeline:
         save_trace(results[0].predicted, args.timeline)
     if args.plot:
@@ -542,7 +549,8 @@ def _validate_cases(cases: Any, args: argparse.Namespace) -> int:
     if args.plot != "none":
         _check_output(args.plot, "--plot")
     result = validate(cases, progress=None if args.json else _progress,
-                      first_iteration=args.first_iteration)
+                      first_iteration=args.first_iteration,
+                      workspace_fallback=args.workspace_fallback)
     if args.plot != "none":
         from .plots import plot_validation
         plot_validation(result["cases"], args.plot)

@@ -145,7 +145,8 @@ def relative_error(predicted: float, measured: float) -> float | None:
     return None if not measured else (predicted - measured) / measured
 
 
-def run_case(case: Case, first_iteration: bool = False) -> dict[str, Any]:
+def run_case(case: Case, first_iteration: bool | None = None,
+             workspace_fallback: bool | None = None) -> dict[str, Any]:
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .allocator import make_allocator
     from .engine import simulate
@@ -159,7 +160,7 @@ def run_case(case: Case, first_iteration: bool = False) -> dict[str, Any]:
     hw = load_hardware(case.hardware)
     trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
     report = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                      case.memory_bytes, first_iteration).report
+                      case.memory_bytes, first_iteration, workspace_fallback).report
     predicted = {k: report[k] for k in ("iteration_time_us", "peak_allocated_bytes",
                                         "peak_reserved_bytes", "fits")}
     error: dict[str, float | None] = {}
@@ -178,14 +179,15 @@ def run_case(case: Case, first_iteration: bool = False) -> dict[str, Any]:
 
 
 def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
-             first_iteration: bool = False) -> dict[str, Any]:
+             first_iteration: bool | None = None, workspace_fallback: bool | None = None
+             ) -> dict[str, Any]:
     """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct}}."""
     rows = []
     for i, case in enumerate(cases, 1):
         if progress:
             progress(f"[{i}/{len(cases)}] {case.id}")
         try:
-            rows.append(run_case(case, first_iteration))
+            rows.append(run_case(case, first_iteration, workspace_fallback))
         except VsimError as exc:
             raise ConfigError(f"case {case.id}: {exc}", case.source) from None
     return {"cases": rows, "summary": summarize(rows)}

@@ -54,6 +54,9 @@ class Allocator:
 class AllocatorSpec:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # The model is PyTorch's own allocator: simulate() then runs PyTorch's first iteration and
+    # its cuDNN workspace fallback by default (vsim.engine.simulate).
+    pytorch_runtime: ClassVar[bool] = False
 
     def build(self, capacity_bytes: int) -> Allocator:
         raise NotImplementedError

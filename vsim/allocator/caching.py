@@ -112,6 +112,7 @@ class CachingAllocator(Allocator):
 @dataclass(frozen=True)
 class Caching(AllocatorSpec):
     name = "caching"
+    pytorch_runtime = True
     description = ("PyTorch's CUDA caching allocator: 512 B rounding, small/large pools, "
                    "best-fit with splitting and merging, per-stream pools, segment growth")
 

@@ -50,6 +50,7 @@ class ExecutedOp:
     dur_us: float
     stall_us: float
     recompute_of: int | None = None
+    without_workspace: bool = False  # ran its workspace-free algorithm (a Retime or fallback)
 
 
 @dataclass
@@ -106,11 +107,16 @@ class Engine:
 
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
                  first_use: dict[int, list[int]] | None = None,
-                 resident_blocks: dict[int, object] | None = None) -> None:
-        """`first_use` (a first iteration): resident tensors created only just before the given
-        ops' own allocations (vsim.allocator.first_use). `resident_blocks`: resident tensors
-        already in `allocator` (left by a previous iteration), adopted instead of allocated."""
+                 resident_blocks: dict[int, object] | None = None,
+                 fallback: dict[int, Retime] | None = None) -> None:
+        """`first_use` (a first iteration): resident tensors created as the given ops launch
+        (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
+        (left by a previous iteration), adopted instead of allocated. `fallback`: per
+        convolution, its workspace-free algorithm, taken when its workspace cannot be had, as
+        PyTorch falls back to another cuDNN engine (ops that did: `fell_back`)."""
         self.trace = trace
+        self.fallback = fallback or {}
+        self.fell_back: list[int] = []
         self.first_use = dict(first_use or {})
         self.resident_blocks = resident_blocks or {}
         self.hw = hw
@@ -233,6 +239,16 @@ class Engine:
         self._out_of_memory(tensor, op)
         return False
 
+    def _fall_back(self, tensor: int, op: int | None) -> bool:
+        """The op's workspace cannot be had: run it without one, at its workspace-free
+        algorithm's time, if it has one. True when it did."""
+        if op is None or op not in self.fallback or self.tensors[tensor].kind != "workspace":
+            return False
+        self.index.retime[op] = self.fallback[op]
+        self.index.acts_before.add(op)
+        self.fell_back.append(op)
+        return True
+
     def _out_of_memory(self, tensor: int, op: int | None) -> None:
         self.oom = self.memory.oom(op, tensor, self.size[tensor])
         if not self.halt.triggered:
@@ -311,7 +327,7 @@ class Engine:
             else:
                 now = env.now
                 for t in op.writes:
-                    if not allocate(t, size[t], now, oid):
+                    if not allocate(t, size[t], now, oid) and not self._fall_back(t, oid):
                         self._out_of_memory(t, oid)
                         return
             dur = self._duration(op) if self.copies_in_flight or oid in acts_before \
@@ -320,6 +336,9 @@ class Engine:
             if dur > 0:
                 yield env.timeout(dur)
             self.executed.append(ExecutedOp(op, start, dur, stall))
+            if oid in acts_before and oid in index.retime \
+                    and index.retime[oid].workspace_bytes == 0:
+                self.executed[-1].without_workspace = True
             self._after(op)
             if oid in acts_after and oid in index.sync_after:
                 sync_start = env.now
@@ -368,12 +387,12 @@ class Engine:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
-            if not (yield from self._alloc_waiting(t, op.id)):
+            if not (yield from self._alloc_waiting(t, op.id, fall_back=True)):
                 return False
         return True
 
-    def _alloc_waiting(self, tensor: int, op: int | None, state: str = DEVICE
-                       ) -> Generator[simpy.Event, Any, bool]:
+    def _alloc_waiting(self, tensor: int, op: int | None, state: str = DEVICE,
+                       fall_back: bool = False) -> Generator[simpy.Event, Any, bool]:
         """Allocate; under Plan.wait_for_memory a request that does not fit waits for offloads
         in flight (whose op has ended, so that only their copy holds the memory) to give their
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
@@ -387,7 +406,11 @@ class Engine:
             if not pending:
                 break
             yield self.env.any_of(pending)
-        return self._alloc(tensor, op, state)
+        if self.memory.allocate(tensor, size, self.env.now, op, state) or \
+                (fall_back and self._fall_back(tensor, op)):
+            return True
+        self._out_of_memory(tensor, op)
+        return False
 
     def _duration(self, op: Op) -> float:
         retime = self.index.retime.get(op.id)
