@@ -242,7 +242,9 @@ class Engine:
     def _fall_back(self, tensor: int, op: int | None) -> bool:
         """The op's workspace cannot be had: run it without one, at its workspace-free
         algorithm's time, if it has one. True when it did."""
-        if op is None or op not in self.fallback or self.tensors[tensor].kind != "workspace":
+        t = self.tensors[tensor]
+        if op is None or op not in self.fallback or t.kind != "workspace" \
+                or any(c != op for c in t.consumers):  # a workspace is its op's alone
             return False
         self.index.retime[op] = self.fallback[op]
         self.index.acts_before.add(op)
