@@ -17,10 +17,7 @@ start, one H2D engine in need order), or later where the capacity does not allow
 checked by one simulated iteration and re-planned with a tighter budget if that runs out of
 memory.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Convolution algorithm variants: vDNN's performance-optimal (p) and memory-optimal (m).
 
+The policies' `algo` parameter: auto (default) runs a convolution without workspace only where
+its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
+performance keeps the recorded algorithms; memory runs all of them without workspace
+(planning.algorithm_retimes; times from here).
+
 A recorded trace holds one algorithm per convolution: the one cuDNN picked (PyTorch's default, with
 benchmark off, is the heuristic's fastest pick and may take a workspace). The (m) variant is
 implicit GEMM with no workspace. Its time, in order of preference:

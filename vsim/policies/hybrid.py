@@ -17,10 +17,7 @@ saved (Capuchin's memory saving per second), by its cheaper way. Swapped tensors
 time by the same timing model, or later where the capacity does not allow. The plan is checked by
 one simulated iteration and planned again with a tighter budget when that runs out of memory.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations

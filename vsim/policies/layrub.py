@@ -19,10 +19,7 @@ Approximated: the buffers are not a separate pool of fixed slots; their bound sh
 prefetch distance, and a forward allocation that does not fit waits for offloads in flight
 (Plan.wait_for_memory), as a layer waits for its buffer to drain.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations

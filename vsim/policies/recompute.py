@@ -29,10 +29,7 @@ A segment is only cut where its recomputation can read what it needs: every tens
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
 feature maps.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations

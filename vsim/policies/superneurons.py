@@ -22,10 +22,7 @@ The plan is checked with one simulated iteration and re-planned against a tighte
 check runs out of memory (planning.fit_by_profiling): SuperNeurons' runtime decides evictions as
 allocations fail, which a static plan can only approximate.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations

@@ -25,10 +25,7 @@ sparsity, and the compression's CPU time is unmeasured.
 Not modelled: vDNN++'s allocation-order and placement heuristics against fragmentation act on
 the allocator; with the exact allocator there is no fragmentation to cut.
 
-Convolution algorithms (`algo`): auto (default) runs a convolution without workspace only where
-its working set cannot fit otherwise, as cuDNN frameworks do when the workspace allocation fails;
-performance keeps the recorded algorithms; memory runs all of them without workspace
-(planning.algorithm_retimes; times from algorithms.py).
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
 """
 
 from __future__ import annotations
