@@ -8,8 +8,9 @@ performance keeps the recorded algorithms; memory runs all of them without works
 A recorded trace holds one algorithm per convolution: the one cuDNN picked (PyTorch's default, with
 benchmark off, is the heuristic's fastest pick and may take a workspace). The (m) variant is
 implicit GEMM with no workspace. Its time, in order of preference:
-1. the op's `dur_us_memory_algo` attr: timed by the recorder, or written by retargeting and
-   synthesis (`memory_algo` says which: "model" when vsim.compute modelled it);
+1. the op's `dur_us_memory_algo` attr: measured (the H100 traces: validation/workspace-free),
+   or written by retargeting and synthesis (`memory_algo` says which: "model" when
+   vsim.compute modelled it);
 2. the compute model on the GPU the trace's times belong to (meta.hardware): the recorded time
    scaled by the model's (m)/(p) ratio for that op (vsim.compute.memory_algo_time_us: implicit
    GEMM at the profile's `implicit_gemm` fraction of the fp32 peak, no layout transform);
