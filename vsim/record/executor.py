@@ -27,8 +27,16 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   that is missing); intermediates live only while the chain runs. Arguments that the original
   call mutated but that the chain does not produce (batch-norm running statistics) get copies,
   so that the recomputation has no side effect.
-- Retime is not executed (see measure.py's notes): cuDNN picks and caches an algorithm per
-  convolution shape and PyTorch offers no per-call choice.
+- Retime to a workspace-free convolution: PyTorch offers no per-call choice of cuDNN engine, but
+  it falls back, when the engine it cached cannot get its workspace, to the heuristics' first
+  engine that can, and caches that one. So in the executor's first iteration each such op runs
+  squeezed: the process is capped at what it holds plus the op's results and SQUEEZE_MARGIN,
+  after giving back cached segments, and restored when the op ends. The engine PyTorch then
+  caches for the shape serves every later iteration. Whether the squeeze took (the op
+  allocated no more than its results and the margin) is counted per op (`squeezed`,
+  `squeeze_missed`). The cached engines outlive the executor: a later case in the same
+  process with the same shapes gets them too, so measure.py runs such a case alone.
+  Other Retimes (durations only) are not executed.
 On the CPU (tests) copies are synchronous and there are no streams or events.
 """
 
@@ -49,6 +57,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
 from ..trace.schema import Trace
 from .opmap import OpMap, OpSequenceError, is_profiler_op
+
+SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
+# results (validation/workspace-free used the same margin to time these engines)
 
 
 class ExecutorError(RuntimeError):
@@ -231,8 +242,9 @@ class Executor:
 
     def __init__(self, plan: Plan, opmap: OpMap, trace: Trace, device: torch.device,
                  inputs: list[torch.Tensor], pool: PinnedPool | None = None,
-                 strict: bool = True) -> None:
+                 strict: bool = True, memory_fraction: float = 1.0) -> None:
         self.plan = plan
+        self.memory_fraction = memory_fraction  # the case's cap, restored after a squeeze
         self.strict = strict
         self.map = opmap
         self.trace = trace
@@ -272,6 +284,10 @@ class Executor:
             elif isinstance(a, Retime):
                 self.retimed.append(a)
         self.touched = touched
+        self.squeeze_ops = {a.op for a in self.retimed if a.workspace_bytes == 0}
+        self.squeezing: tuple[int, int] | None = None  # (op, allocated bytes when it started)
+        self.squeezed: list[int] = []        # ops whose squeezed run allocated no workspace
+        self.squeeze_missed: list[int] = []  # ... and those that still allocated one
         self.watch = {k: [(j, t) for j, t in outs if t in touched]
                       for k, outs in opmap.outputs.items()}
         self.watch = {k: v for k, v in self.watch.items() if v}
@@ -353,6 +369,9 @@ class Executor:
 
     def abort(self) -> None:
         """After an exception: bring offloaded inputs back, forget the iteration."""
+        if self.squeezing is not None and self.gpu:
+            self.squeezing = None
+            torch.cuda.set_per_process_memory_fraction(self.memory_fraction, self.device)
         try:
             self._restore_inputs()
         finally:
@@ -434,8 +453,14 @@ class Executor:
             self._recompute(rc)
         for off in self.offload_at.get(op, ()):
             self._offload(off)
+        # Last, once what the op's actions allocate (prefetch targets, recomputed tensors) is
+        # held: the cap leaves room for the op's own results only.
+        if op in self.squeeze_ops and self.iterations == 0 and self.gpu:
+            self._squeeze(op)
 
     def _end(self, op: int) -> None:
+        if self.squeezing is not None and self.squeezing[0] == op:
+            self._unsqueeze()
         for off in self.offload_after.get(op, ()):
             self._offload(off)
         for t in self.pending_release.pop(op, ()):
@@ -449,6 +474,34 @@ class Executor:
             cs.wait_stream(self.d2h)
             cs.wait_stream(self.h2d)
             self.stats.syncs += 1
+
+    # ------------------------------------------------------------ workspace-free convolutions
+
+    def _results_bytes(self, op: int) -> int:
+        from ..allocator.caching import segment_size
+
+        sizes = {t.id: t for t in self.trace.tensors}
+        return sum(segment_size(sizes[t].size_bytes) for t in self.trace.ops[op].writes
+                   if sizes[t].kind != "workspace" and sizes[t].size_bytes > 0)
+
+    def _squeeze(self, op: int) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        cap = torch.cuda.memory_reserved(self.device) + self._results_bytes(op) + SQUEEZE_MARGIN
+        torch.cuda.set_per_process_memory_fraction(min(self.memory_fraction, cap / total),
+                                                   self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.squeezing = (op, torch.cuda.memory_allocated(self.device))
+
+    def _unsqueeze(self) -> None:
+        assert self.squeezing is not None
+        op, start = self.squeezing
+        self.squeezing = None
+        torch.cuda.synchronize(self.device)
+        torch.cuda.set_per_process_memory_fraction(self.memory_fraction, self.device)
+        extra = torch.cuda.max_memory_allocated(self.device) - start - self._results_bytes(op)
+        (self.squeezed if extra <= SQUEEZE_MARGIN else self.squeeze_missed).append(op)
 
     # ------------------------------------------------------------ storages
 

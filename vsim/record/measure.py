@@ -309,14 +309,25 @@ class Session:
         pol = make_policy(policy)
         capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
         plan = pol.plan(self.trace, self.hw, capacity)
+        global _ENGINES_SQUEEZED
+        if _ENGINES_SQUEEZED:
+            raise ConfigError(f"{policy}: an earlier case in this process ran convolutions "
+                              "squeezed to workspace-free engines, which PyTorch keeps using; "
+                              "run each such case alone (--only ID)")
+        if any(isinstance(a, Retime) and a.workspace_bytes == 0 for a in plan.actions) \
+                and self.gpu:
+            _ENGINES_SQUEEZED = True
         notes = list(plan.notes)
         self._clean()
         self._cap(memory_bytes)
         held = torch.cuda.memory_allocated(self.device) if self.gpu else None
         ex = None
         if plan.actions or instrument:
+            total = torch.cuda.get_device_properties(self.device).total_memory \
+                if self.gpu else 1
+            fraction = 1.0 if memory_bytes is None else min(1.0, memory_bytes / total)
             ex = Executor(plan, self.opmap, self.trace, self.device, self.flat_inputs,
-                          self._pool(plan), strict=strict)
+                          self._pool(plan), strict=strict, memory_fraction=fraction)
         times: list[float] = []
         peaks_a: list[int] = []
         peaks_r: list[int] = []
@@ -411,16 +422,21 @@ class Session:
     def _notes(self, plan: Plan, ex: Executor | None, stats: IterationStats | None) -> list[str]:
         notes: list[str] = []
         retimes = [a for a in plan.actions if isinstance(a, Retime)]
-        if retimes:
+        free = [a.op for a in retimes if a.workspace_bytes == 0]
+        other = [a.op for a in retimes if a.workspace_bytes != 0]
+        if free and (ex is None or not ex.gpu):
+            notes.append(f"not executed: {len(free)} workspace-free Retime action(s) (no cuDNN "
+                         "engines to choose here)")
+        elif free and ex is not None:
             notes.append(
-                f"not executed as planned: {len(retimes)} Retime action(s) (ops "
-                f"{', '.join(str(a.op) for a in retimes[:8])}{'...' if len(retimes) > 8 else ''}"
-                "): PyTorch offers no per-call choice of cuDNN engine. It takes the engine "
-                "cached for the convolution's shape (chosen at the session's first, uncapped "
-                "iterations: the trace's) and, when that engine's workspace does not fit, tries "
-                "the heuristics' engines in order and caches the first whose workspace it can "
-                "allocate; CUDNN_CONV_WSCAP_DBG=0 or 1 did not change the workspace on the "
-                "H100 machine (cuDNN 9.19)")
+                f"{len(free)} workspace-free convolution(s) run squeezed in the first "
+                f"iteration (PyTorch then caches the engine that fits): {len(ex.squeezed)} "
+                f"allocated no workspace, {len(ex.squeeze_missed)} still did (ops "
+                f"{', '.join(map(str, ex.squeeze_missed[:8]))})")
+        if other:
+            notes.append(f"not executed: {len(other)} Retime action(s) that keep a workspace "
+                         f"(ops {', '.join(map(str, other[:8]))}): PyTorch offers no per-call "
+                         "choice of cuDNN engine")
         if ex is None:
             return notes
         if ex.unlocated:
@@ -579,6 +595,11 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
             "wait_for_memory": plan.wait_for_memory}
 
 
+# A case whose plan ran convolutions squeezed changed the cuDNN engines PyTorch caches for the
+# rest of the process (vsim.record.executor): later cases would run with them.
+_ENGINES_SQUEEZED = False
+
+
 def _executed(stats: IterationStats | None, ex: Executor | None) -> dict[str, Any] | None:
     if stats is None or ex is None:
         return None
@@ -588,7 +609,8 @@ def _executed(stats: IterationStats | None, ex: Executor | None) -> dict[str, An
             "syncs": stats.syncs, "skipped": dict(stats.skipped),
             "executor_host_us": round(stats.host_us, 1),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
-            "iterations": ex.iterations}
+            "iterations": ex.iterations, "workspace_free_squeezed": ex.squeezed,
+            "workspace_free_missed": ex.squeeze_missed}
 
 
 def measure(model: str, batch: int, policy: str, *, memory_bytes: int | None = None,
