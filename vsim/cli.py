@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import __version__
 from .errors import ConfigError, VsimError
@@ -391,7 +391,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                                                                     if fields else ""))
     print("hardware:")
     for h in hardware:
-        print(f"  {h['name']:16} {format_size(h['memory_bytes']):>12}  {h['description']}")
+        print(f"  {h['name']:16} {format_size(cast(float, h['memory_bytes'])):>12}  "
+              f"{h['description']}")
     print("models:" + ("" if listing["models"] else " (the model zoo needs the record module)"))
     for m in listing["models"]:
         print(f"  {m['name']:16} {m['description']}")
@@ -501,7 +502,7 @@ def _validate_histories(files: list[Path], as_json: bool) -> int:
     from .allocator.history import TOLERANCE, load_history, replay_history
 
     histories = [load_history(f) for f in files]  # all read before any output
-    rows = []
+    rows: list[dict[str, Any]] = []
     for h in histories:
         if not as_json:
             _progress(f"replaying {h.name} ({len(h.entries)} allocator events)")
@@ -673,10 +674,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             where[name] = f"{args.file}: {name}"
             return axes[name]
         if default is None:
-            flag = "-o" if name == "output" else f"--{name}"
+            option = "-o" if name == "output" else f"--{name}"
             if args.file:
-                raise ConfigError(f"no {name}: give it here or as {flag}", args.file)
-            raise ConfigError(f"{flag}: required (or give a sweep file)")
+                raise ConfigError(f"no {name}: give it here or as {option}", args.file)
+            raise ConfigError(f"{option}: required (or give a sweep file)")
         return default
 
     outputs = axis("output", args.output, None)

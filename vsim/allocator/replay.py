@@ -57,8 +57,8 @@ def replay_allocator(trace: Trace, spec: AllocatorSpec, capacity_bytes: int,
     for _ in range(iterations):
         for e in allocs:
             while late and e.op is not None and late[0][0] <= pos.get(e.op, -1):
-                for t in late.pop(0)[1]:
-                    if allocator.malloc(size[t]) is None:
+                for tid in late.pop(0)[1]:
+                    if allocator.malloc(size[tid]) is None:
                         return ReplayResult(peak_alloc, peak_resv, False, count)
             count += 1
             if e.action == "alloc":

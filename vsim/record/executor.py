@@ -689,7 +689,7 @@ class Executor:
             if isinstance(x, torch.Tensor):
                 st = x.untyped_storage()
                 return _TRef(self._key(st), weakref.ref(st), tuple(x.shape), tuple(x.stride()),
-                             x.storage_offset(), x.dtype, x.device)
+                             int(x.storage_offset()), x.dtype, x.device)
             return x
 
         leaves, _ = tree_flatten(out)
@@ -753,10 +753,11 @@ class Executor:
                     ost = o.untyped_storage()
                     if env.get(key) is ost:
                         continue
-                    t = target.get(key)
-                    if t is None:
+                    t_or_none = target.get(key)
+                    if t_or_none is None:
                         env[key] = ost
                         continue
+                    t = t_or_none
                     tst = self._storage(t)
                     if tst is None:
                         continue
@@ -787,13 +788,13 @@ class Executor:
             if (info is None or not info.is_write) and a.name not in _RUNNING_STATS:
                 continue
             if i < len(call.args) and not a.kwarg_only:
-                ref, holder, slot = call.args[i], args, i
+                ref = call.args[i]
+                if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
+                    args[i] = args[i].clone()
             elif a.name in call.kwargs:
-                ref, holder, slot = call.kwargs[a.name], kwargs, a.name
-            else:
-                continue
-            if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
-                holder[slot] = holder[slot].clone()
+                ref = call.kwargs[a.name]
+                if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
+                    kwargs[a.name] = kwargs[a.name].clone()
 
     def _call(self, call: _Call, args: Any, kwargs: Any) -> Any:
         if call.rng is None:

@@ -231,6 +231,7 @@ class Session:
                 t.copy_(s)
         torch.set_rng_state(self.rng[0])
         if self.gpu:
+            assert self.rng[1] is not None
             torch.cuda.set_rng_state(self.rng[1], self.device)
         self._sync()
 
@@ -563,7 +564,7 @@ def _segments(mods: list[torch.nn.Module], n: int) -> list[torch.nn.Sequential]:
     checkpointing, as there), each boundary moved forward past in-place modules (ReLU(inplace)):
     a segment may not start by overwriting the input its predecessor's checkpoint keeps."""
     size = max(1, len(mods) // n)
-    bounds = []
+    bounds: list[int] = []
     for k in range(1, n):
         b = k * size
         while b < len(mods) and getattr(mods[b], "inplace", False):
