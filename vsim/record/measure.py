@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -298,12 +299,14 @@ class Session:
 
     def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
             warmup: int | None = None, instrument: bool = False, strict: bool = True,
-            command: str | None = None) -> dict[str, Any]:
+            command: str | None = None, profile_last: bool = False) -> dict[str, Any]:
         """Measure one case: the plan of `policy` for this trace at `memory_bytes` (None: the
         profile's capacity, no cap) carried out for `warmup` + `iters` iterations.
         `instrument`: run the op tracker even for a plan without actions (to see its cost).
         `strict`: see Executor (a recomputation that cannot rebuild a tensor's final value
-        raises ExecutorError; otherwise it runs as planned and the check shows the damage)."""
+        raises ExecutorError; otherwise it runs as planned and the check shows the damage).
+        `profile_last`: profile the last iteration's kernels (CUPTI; that iteration's time and
+        peaks are left out of the medians) into the result's `profile_last`."""
         warmup = self.warmup if warmup is None else warmup
         if iters < 1:
             raise ConfigError(f"--iters must be at least 1, got {iters}")
@@ -335,11 +338,14 @@ class Session:
         stats: IterationStats | None = None
         oom = None
         i = 0
+        profiled: dict[str, Any] | None = None
+        last = warmup + iters if profile_last and self.gpu else None
         try:
-            for i in range(warmup + iters):
+            for i in range(warmup + iters + (1 if last is not None else 0)):
                 self._sync()
                 if self.gpu:
                     torch.cuda.reset_peak_memory_stats(self.device)
+                prof = _kernel_profiler() if i == last else None
                 t0 = time.perf_counter()
                 if ex is not None:
                     stats = ex.run(self.step)
@@ -347,6 +353,10 @@ class Session:
                     self.step()
                 self._sync()
                 dt = (time.perf_counter() - t0) * 1e6
+                if prof is not None:
+                    prof.stop()
+                    profiled = _kernel_summary(prof, dt)
+                    continue
                 if i >= warmup:
                     times.append(dt)
                     if self.gpu:
@@ -406,6 +416,8 @@ class Session:
             "notes": notes,
             "provenance": provenance(self.device, command),
         }
+        if profiled is not None:
+            result["profile_last"] = profiled
         return result
 
     def _locate_oom(self, plan: Plan) -> dict[str, Any]:
@@ -596,6 +608,35 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
             "wait_for_memory": plan.wait_for_memory}
 
 
+def _kernel_profiler() -> Any:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    prof.start()
+    return prof
+
+
+def _kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
+    """An extra, profiled iteration: its wall time, the GPU's busy time (the union of kernel and
+    copy intervals on all streams) and the kernels by name (calls, summed time)."""
+    spans: list[tuple[float, float]] = []
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        start, dur = e.time_range.start, e.time_range.end - e.time_range.start
+        spans.append((start, start + dur))
+        by_name[e.name][0] += 1
+        by_name[e.name][1] += dur
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
+    return {"wall_us": round(wall_us, 3), "gpu_busy_us": round(busy, 3),
+            "kernel_us": round(sum(v[1] for v in by_name.values()), 3),
+            "kernels": [{"name": n[:200], "calls": c, "us": round(us, 3)} for n, (c, us) in top]}
+
+
 # A case whose plan ran convolutions squeezed changed the cuDNN engines PyTorch caches for the
 # rest of the process (vsim.record.executor): later cases would run with them.
 _ENGINES_SQUEEZED = False
@@ -677,7 +718,7 @@ def map_in_subprocesses(groups: list[tuple[str, int, str]], out_dir: Path, devic
 def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str = "cuda",
               hardware: str = "h100-sxm", iters: int = 10, warmup: int = 3,
               progress: Progress | None = None, deadline_s: float | None = None,
-              separate_maps: bool = False) -> list[str]:
+              separate_maps: bool = False, profile_last: bool = False) -> list[str]:
     """Measure `cases` ({id, model, batch, trace, policy | builtin, memory, warmup}) in this
     process, one Session per (model, batch, trace), in the order first seen; write
     OUT_DIR/ID.json as each ends. A case that raises is reported (ID.error.txt) and the suite
@@ -740,7 +781,8 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                                          instrument=c.get("instrument", False),
                                          command=measure_command(model, batch, c["policy"],
                                                                  memory, hardware, trace_path,
-                                                                 output))
+                                                                 output),
+                                         profile_last=profile_last)
                 result["id"] = c["id"]
                 if key in maps:
                     result["notes"].append("op map made in a separate process (no profiler "
@@ -798,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, help="start no case after this many seconds")
     parser.add_argument("--separate-maps", action="store_true",
                         help="make the op maps in subprocesses first")
+    parser.add_argument("--profile-last", action="store_true",
+                        help="profile one extra iteration's kernels per case (profile_last)")
     parser.add_argument("--map", nargs=4, metavar=("MODEL", "BATCH", "TRACE", "OUT"),
                         help="only write the op map of MODEL at BATCH for TRACE")
     args = parser.parse_args(argv)
@@ -825,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{len(cases)} cases on {args.device}; torch {torch.__version__}, pid {os.getpid()}")
     failed = run_suite(cases, args.out_dir, device=args.device, hardware=args.hw,
                        iters=args.iters, warmup=args.warmup, progress=say,
-                       deadline_s=args.deadline, separate_maps=args.separate_maps)
+                       deadline_s=args.deadline, separate_maps=args.separate_maps,
+                       profile_last=args.profile_last)
     say(f"done: {len(cases) - len(failed)} measured, {len(failed)} failed or not run {failed}")
     return 1 if failed else 0
 
