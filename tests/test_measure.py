@@ -257,3 +257,24 @@ def test_superneurons_on_a_residual_network_trains_exactly(resnet) -> None:
     got = compare_gradients(s.reference, s.gradients(ex))
     assert ex.stats.inplace_missed == 0
     assert got["bitwise_equal"], got
+
+
+def test_profile_summary_counts_overlapping_streams_once():
+    """GPU busy time is the union of intervals on all streams; kernels are summed by name."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vsim.record.measure import _kernel_summary
+
+    def event(name, start, end, device=torch.autograd.DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    prof = SimpleNamespace(events=lambda: [
+        event("conv", 0, 10), event("Memcpy DtoH", 5, 20),    # overlap: busy 0..20
+        event("conv", 30, 40), event("host op", 0, 100, torch.autograd.DeviceType.CPU)])
+    summary = _kernel_summary(prof, wall_us=50.0)
+    assert summary["gpu_busy_us"] == 30 and summary["kernel_us"] == 35
+    assert summary["kernels"][0] == {"name": "conv", "calls": 2, "us": 20}
+    assert summary["wall_us"] == 50.0
