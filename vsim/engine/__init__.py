@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from .. import metrics
-from ..allocator.base import AllocatorSpec
+from ..allocator.base import Allocator, AllocatorSpec
 from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
@@ -67,31 +67,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
     fallback = _workspace_free(trace, plan) if workspace_fallback else None
-    resident = None
-    if first_iteration:
-        first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
-                       fallback=fallback)
-        out = first.run()
-        if out.oom is None:
-            resident = first.resident_left()
-            if first.fell_back and fallback:  # the engines PyTorch cached stay
-                plan = dataclasses.replace(plan, actions=plan.actions + tuple(
-                    fallback[o] for o in first.fell_back))
-        else:
-            out.notes.append("out of memory in the first iteration, which creates momentum and "
-                             "cuBLAS workspaces at first use (the steady iteration not run)")
-    if resident is not None or not first_iteration:
-        engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback)
-        out = engine.run()
-        if first_iteration:
-            out.notes.append("a first iteration ran before this one on the same allocator "
-                             "(its segments and fragmentation carry over)")
-        fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
-                                               if isinstance(a, Retime) and a.note == FALLBACK})
-        if fell:
-            out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without their "
-                             f"workspace, at the workspace-free algorithm's time (ops "
-                             f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
+    out = _run_engine(trace, hw, plan, memory, first_iteration, fallback)
     report = run_metrics(trace, out)
     report.update({
         "pinned_host_peak_bytes": max(out.memory.host_peak_bytes, plan.pinned_pool_bytes),
@@ -122,6 +98,36 @@ def _workspace_free(trace: Trace, plan: Plan) -> dict[int, Retime]:
     planned = {a.op for a in plan.actions if isinstance(a, Retime)}
     retimes, _ = memory_optimal_retimes(trace)
     return {r.op: dataclasses.replace(r, note=FALLBACK) for r in retimes if r.op not in planned}
+
+
+def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
+                first_iteration: bool, fallback: dict[int, Retime] | None) -> EngineOutput:
+    """The reported iteration, after the first one when `first_iteration` (see simulate)."""
+    resident = None
+    if first_iteration:
+        first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
+                       fallback=fallback)
+        out = first.run()
+        if out.oom is not None:
+            out.notes.append("out of memory in the first iteration, which creates momentum and "
+                             "cuBLAS workspaces at first use (the steady iteration not run)")
+            return out
+        resident = first.resident_left()
+        if first.fell_back and fallback:  # the engines PyTorch cached stay
+            plan = dataclasses.replace(plan, actions=plan.actions + tuple(
+                fallback[o] for o in first.fell_back))
+    engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback)
+    out = engine.run()
+    if first_iteration:
+        out.notes.append("a first iteration ran before this one on the same allocator "
+                         "(its segments and fragmentation carry over)")
+    fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
+                                           if isinstance(a, Retime) and a.note == FALLBACK})
+    if fell:
+        out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without their "
+                         f"workspace, at the workspace-free algorithm's time (ops "
+                         f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
+    return out
 
 
 def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
