@@ -340,11 +340,15 @@ class Session:
         i = 0
         profiled: dict[str, Any] | None = None
         last = warmup + iters if profile_last and self.gpu else None
+        counters: dict[str, int] = {}  # the allocator's, after the warm-up
+        churn: dict[str, int] = {}     # their growth over the measured iterations
         try:
             for i in range(warmup + iters + (1 if last is not None else 0)):
                 self._sync()
                 if self.gpu:
                     torch.cuda.reset_peak_memory_stats(self.device)
+                if i == warmup and self.gpu:
+                    counters = _allocator_counters(self.device)
                 prof = _kernel_profiler() if i == last else None
                 t0 = time.perf_counter()
                 if ex is not None:
@@ -362,6 +366,8 @@ class Session:
                     if self.gpu:
                         peaks_a.append(torch.cuda.max_memory_allocated(self.device))
                         peaks_r.append(torch.cuda.max_memory_reserved(self.device))
+                        churn = {k: v - counters.get(k, 0)
+                                 for k, v in _allocator_counters(self.device).items()}
         except torch.OutOfMemoryError as exc:
             oom = {"iteration": i, "in_warmup": i < warmup,
                    "message": str(exc).strip().splitlines()[0][:1000]}
@@ -408,6 +414,7 @@ class Session:
             "h2d_bytes": stats.h2d_bytes if stats is not None else 0,
             "d2h_bytes": stats.d2h_bytes if stats is not None else 0,
             "iterations": {"warmup": warmup, "measured": len(times)},
+            "allocator_churn": churn or None,
             "allocated_at_start_bytes": held,
             "plan": _plan_summary(plan),
             "executed": _executed(stats, ex),
@@ -606,6 +613,18 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
     return {"actions": counts, "digest": digest, "pinned_pool_bytes": plan.pinned_pool_bytes,
             "pinned": plan.pinned, "pinned_lazy": plan.pinned_lazy,
             "wait_for_memory": plan.wait_for_memory}
+
+
+CHURN_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
+                  "num_sync_all_streams")
+
+
+def _allocator_counters(device: torch.device) -> dict[str, int]:
+    """The caching allocator's cumulative counters that show churn: allocation retries (a
+    failed cudaMalloc that freed the cache and tried again), cudaMalloc and cudaFree calls (or
+    page maps and unmaps with expandable segments), device-wide synchronisations."""
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in CHURN_COUNTERS}
 
 
 def _kernel_profiler() -> Any:
