@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import metrics
@@ -66,7 +67,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
         first_iteration = allocator.pytorch_runtime
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
-    fallback = _workspace_free(trace, plan) if workspace_fallback else None
+    fallback = _WorkspaceFree(trace, plan) if workspace_fallback else None
     out = _run_engine(trace, hw, plan, memory, first_iteration, fallback)
     report = run_metrics(trace, out)
     report.update({
@@ -91,17 +92,35 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
 FALLBACK = "workspace fallback"
 
 
-def _workspace_free(trace: Trace, plan: Plan) -> dict[int, Retime]:
-    """Per convolution the plan does not retime, its workspace-free algorithm (the fallback)."""
-    from ..policies.algorithms import memory_optimal_retimes
+class _WorkspaceFree(Mapping[int, Retime]):
+    """Per convolution the plan does not retime, its workspace-free algorithm (the fallback).
+    Computed on first lookup: most runs never fall back, and the table costs a pass of the
+    compute model over the trace (about a tenth of a run)."""
 
-    planned = {a.op for a in plan.actions if isinstance(a, Retime)}
-    retimes, _ = memory_optimal_retimes(trace)
-    return {r.op: dataclasses.replace(r, note=FALLBACK) for r in retimes if r.op not in planned}
+    def __init__(self, trace: Trace, plan: Plan) -> None:
+        self._trace, self._plan = trace, plan
+
+    @functools.cached_property
+    def _table(self) -> dict[int, Retime]:
+        from ..policies.algorithms import memory_optimal_retimes
+
+        planned = {a.op for a in self._plan.actions if isinstance(a, Retime)}
+        retimes, _ = memory_optimal_retimes(self._trace)
+        return {r.op: dataclasses.replace(r, note=FALLBACK) for r in retimes
+                if r.op not in planned}
+
+    def __getitem__(self, op: int) -> Retime:
+        return self._table[op]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
-                first_iteration: bool, fallback: dict[int, Retime] | None) -> EngineOutput:
+                first_iteration: bool, fallback: Mapping[int, Retime] | None) -> EngineOutput:
     """The reported iteration, after the first one when `first_iteration` (see simulate)."""
     resident = None
     if first_iteration:
@@ -113,7 +132,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                              "cuBLAS workspaces at first use (the steady iteration not run)")
             return out
         resident = first.resident_left()
-        if first.fell_back and fallback:  # the engines PyTorch cached stay
+        if first.fell_back and fallback is not None:  # the engines PyTorch cached stay
             plan = dataclasses.replace(plan, actions=plan.actions + tuple(
                 fallback[o] for o in first.fell_back))
     engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback)

@@ -11,7 +11,7 @@ A failed allocation ends the run with an OutOfMemory result rather than an excep
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,14 +108,14 @@ class Engine:
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
-                 fallback: dict[int, Retime] | None = None) -> None:
+                 fallback: Mapping[int, Retime] | None = None) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
         convolution, its workspace-free algorithm, taken when its workspace cannot be had, as
         PyTorch falls back to another cuDNN engine (ops that did: `fell_back`)."""
         self.trace = trace
-        self.fallback = fallback or {}
+        self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
         self.first_use = dict(first_use or {})
         self.resident_blocks = resident_blocks or {}
