@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from vsim.record.recorder import _driver_version
-from vsim.record.zoo import build_model
+from vsim.record.recorder import _driver_version, sgd_training
 
 ITERATIONS = 6
 
@@ -35,20 +34,13 @@ def record(model: str, batch: int) -> dict:
     torch.cuda.memory._record_memory_history("all", context=None, stacks="python",
                                              max_entries=5_000_000)
     base = len(torch.cuda.memory._snapshot()["device_traces"][0])
-    net, (inputs, target), loss_fn = build_model(model, batch, torch.device("cuda"))
-    net.train()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
-                          momentum=0.9)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    training = sgd_training(model, batch, torch.device("cuda"))  # the recorder's step
     torch.cuda.synchronize()
     marks = []
     for i in range(ITERATIONS):
         start = len(torch.cuda.memory._snapshot()["device_traces"][0])
         t0 = time.perf_counter()
-        loss = loss_fn(net(*args), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        training.step()
         torch.cuda.synchronize()
         marks.append({"iteration": i, "first_entry": start - base,
                       "seconds": time.perf_counter() - t0,
@@ -62,7 +54,7 @@ def record(model: str, batch: int) -> dict:
     torch.cuda.memory._record_memory_history(None)
     entries = [{k: e[k] for k in ("action", "addr", "size", "stream") if k in e}
                for e in snap["device_traces"][0][base:]]
-    del net, opt, inputs, target, loss
+    del training
     torch.cuda.empty_cache()
     return {"meta": {"model": model, "batch_size": batch,
                      "device": torch.cuda.get_device_name(), "driver": _driver_version(),

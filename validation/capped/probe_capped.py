@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vsim.record.recorder import _driver_version
-from vsim.record.zoo import build_model
+from vsim.record.recorder import _driver_version, sgd_training
 
 WARMUP, TIMED = 3, 5
 COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms",
@@ -35,18 +34,7 @@ def main() -> None:
     total = torch.cuda.get_device_properties(dev).total_memory
     if cap != "none":
         torch.cuda.set_per_process_memory_fraction(float(cap) * 2**30 / total, dev)
-    net, (inputs, target), loss_fn = build_model(model, batch, dev)
-    net.train()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
-                          momentum=0.9)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-
-    def step() -> None:
-        loss = loss_fn(net(*args), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = sgd_training(model, batch, dev).step  # the recorder's training step
     rows = []
     for i in range(WARMUP + TIMED):
         torch.cuda.synchronize()

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -628,6 +629,34 @@ def record_step(step: Callable[[], Any], model: nn.Module,
     return rec.trace
 
 
+@dataclass
+class Training:
+    """A zoo model set up as the recorder trains it: `step()` is one iteration."""
+
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    inputs: Any
+    target: Any
+    loss_fn: Any
+
+    def step(self) -> None:
+        args = self.inputs if isinstance(self.inputs, (tuple, list)) else (self.inputs,)
+        loss = self.loss_fn(self.net(*args), self.target)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def sgd_training(model: str, batch: int, dev: torch.device) -> Training:
+    """Zoo model `model` at `batch` on `dev` in training mode, SGD (lr 0.01, momentum 0.9) on
+    synthetic data: forward, loss, backward, optimizer step, zero_grad(set_to_none=True)."""
+    net, (inputs, target), loss_fn = build_model(model, batch, dev)
+    net.train()
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
+                          momentum=0.9)
+    return Training(net, opt, inputs, target, loss_fn)
+
+
 def record_model(model: str, batch: int, device: str = "cuda", warmup: int = 3, iters: int = 10,
                  progress: Progress | None = None, timing_iters: int = 3,
                  fit_gaps: bool = True) -> Trace:
@@ -639,21 +668,11 @@ def record_model(model: str, batch: int, device: str = "cuda", warmup: int = 3, 
         raise ConfigError("CUDA is not available here; record with --device cpu")
     say = progress or (lambda _m: None)
     say(f"building {model} (batch {batch}) on {dev}")
-    net, (inputs, target), loss_fn = build_model(model, batch, dev)
-    net.train()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
-                          momentum=0.9)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-
-    def step() -> None:
-        loss = loss_fn(net(*args), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    t = sgd_training(model, batch, dev)
     command = (f"vsim record {model} --batch {batch} --device {device} --warmup {warmup} "
                f"--iters {iters}")
-    return record_step(step, net, opt, inputs=(inputs, target), loss_fn=loss_fn, device=dev,
+    return record_step(t.step, t.net, t.opt, inputs=(t.inputs, t.target), loss_fn=t.loss_fn,
+                       device=dev,
                        warmup=warmup, iters=iters, timing_iters=timing_iters, fit_gaps=fit_gaps,
                        progress=progress, meta={"model": model, "batch_size": batch,
                                                 "command": command})
