@@ -285,6 +285,7 @@ class Executor:
                 self.retimed.append(a)
         self.touched = touched
         self.squeeze_ops = {a.op for a in self.retimed if a.workspace_bytes == 0}
+        self.tensor_by_id = trace.tensor_by_id()
         self.squeezing: tuple[int, int] | None = None  # (op, allocated bytes when it started)
         self.squeezed: list[int] = []        # ops whose squeezed run allocated no workspace
         self.squeeze_missed: list[int] = []  # ... and those that still allocated one
@@ -480,9 +481,9 @@ class Executor:
     def _results_bytes(self, op: int) -> int:
         from ..allocator.caching import segment_size
 
-        sizes = {t.id: t for t in self.trace.tensors}
-        return sum(segment_size(sizes[t].size_bytes) for t in self.trace.ops[op].writes
-                   if sizes[t].kind != "workspace" and sizes[t].size_bytes > 0)
+        tensors = self.tensor_by_id
+        return sum(segment_size(tensors[t].size_bytes) for t in self.trace.ops[op].writes
+                   if tensors[t].kind != "workspace" and tensors[t].size_bytes > 0)
 
     def _squeeze(self, op: int) -> None:
         torch.cuda.synchronize(self.device)

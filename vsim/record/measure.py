@@ -267,12 +267,15 @@ class Session:
         if self.gpu:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
-    def _cap(self, memory_bytes: int | None) -> None:
+    def _cap(self, memory_bytes: int | None) -> float:
+        """Cap the process at `memory_bytes`; the fraction of the device it set (1.0 without a
+        GPU)."""
         if not self.gpu:
-            return
+            return 1.0
         total = torch.cuda.get_device_properties(self.device).total_memory
         fraction = 1.0 if memory_bytes is None else min(1.0, memory_bytes / total)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+        return fraction
 
     def _clean(self) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -323,13 +326,10 @@ class Session:
             _ENGINES_SQUEEZED = True
         notes = list(plan.notes)
         self._clean()
-        self._cap(memory_bytes)
+        fraction = self._cap(memory_bytes)
         held = torch.cuda.memory_allocated(self.device) if self.gpu else None
         ex = None
         if plan.actions or instrument:
-            total = torch.cuda.get_device_properties(self.device).total_memory \
-                if self.gpu else 1
-            fraction = 1.0 if memory_bytes is None else min(1.0, memory_bytes / total)
             ex = Executor(plan, self.opmap, self.trace, self.device, self.flat_inputs,
                           self._pool(plan), strict=strict, memory_fraction=fraction)
         times: list[float] = []
