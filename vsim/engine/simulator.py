@@ -19,7 +19,7 @@ import simpy
 
 from ..allocator.base import Allocator
 from ..hardware import Hardware
-from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
+from ..policies.base import Offload, Plan, PlanIndex, Prefetch, Recompute, Retime
 from ..trace.schema import Copy, Op, Tensor, Trace
 from .link import Link
 from .memory import (
@@ -65,43 +65,6 @@ class EngineOutput:
     notes: list[str] = field(default_factory=list)
 
 
-class _PlanIndex:
-    """The plan's actions grouped by the op they hang on."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.offload_at: dict[int, list[Offload]] = defaultdict(list)
-        self.offload_after: dict[int, list[Offload]] = defaultdict(list)
-        self.prefetch_at: dict[int, list[Prefetch]] = defaultdict(list)
-        self.needs: dict[int, list[int]] = defaultdict(list)
-        self.sync_after: set[int] = set()
-        self.drop_after: dict[int, list[int]] = defaultdict(list)
-        self.release_after: dict[int, list[int]] = defaultdict(list)
-        self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
-        self.retime: dict[int, Retime] = {}
-        for a in plan.actions:
-            if isinstance(a, Offload):
-                (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)
-            elif isinstance(a, Prefetch):
-                self.prefetch_at[a.at_op].append(a)
-                self.needs[a.needed_by].append(a.tensor)
-            elif isinstance(a, Sync):
-                self.sync_after.add(a.after_op)
-            elif isinstance(a, Drop):
-                self.drop_after[a.after_op].append(a.tensor)
-            elif isinstance(a, Release):
-                self.release_after[a.after_op].append(a.tensor)
-            elif isinstance(a, Recompute):
-                self.recompute_before[a.before_op].append(a)
-            elif isinstance(a, Retime):
-                self.retime[a.op] = a
-        # Ops with something hung on them before they run / after they end: every other op
-        # takes the engine's short path (most ops of most plans).
-        self.acts_before: set[int] = {*self.prefetch_at, *self.recompute_before, *self.needs,
-                                      *self.retime, *self.offload_at}
-        self.acts_after: set[int] = {*self.offload_after, *self.sync_after, *self.drop_after,
-                                     *self.release_after}
-
-
 class Engine:
     """One simulation. Build it, call run() once."""
 
@@ -121,7 +84,7 @@ class Engine:
         self.resident_blocks = resident_blocks or {}
         self.hw = hw
         self.plan = plan
-        self.index = _PlanIndex(plan)
+        self.index = PlanIndex(plan)
         self.env = simpy.Environment()
         self.link = Link(self.env, hw)
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole

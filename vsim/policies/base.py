@@ -21,6 +21,7 @@ Actions, all keyed by op ids of the trace:
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -77,6 +78,59 @@ class Retime:
 
 
 Action = Offload | Prefetch | Sync | Drop | Recompute | Release | Retime
+
+
+class PlanIndex:
+    """A plan's actions grouped by the op they hang on: what the engine and the executor look
+    up as they reach each op."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.offload_at: dict[int, list[Offload]] = defaultdict(list)
+        self.offload_after: dict[int, list[Offload]] = defaultdict(list)
+        self.prefetch_at: dict[int, list[Prefetch]] = defaultdict(list)
+        self.needs: dict[int, list[int]] = defaultdict(list)
+        self.sync_after: set[int] = set()
+        self.drop_after: dict[int, list[int]] = defaultdict(list)
+        self.release_after: dict[int, list[int]] = defaultdict(list)
+        self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
+        self.retime: dict[int, Retime] = {}
+        for a in plan.actions:
+            if isinstance(a, Offload):
+                (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)
+            elif isinstance(a, Prefetch):
+                self.prefetch_at[a.at_op].append(a)
+                self.needs[a.needed_by].append(a.tensor)
+            elif isinstance(a, Sync):
+                self.sync_after.add(a.after_op)
+            elif isinstance(a, Drop):
+                self.drop_after[a.after_op].append(a.tensor)
+            elif isinstance(a, Release):
+                self.release_after[a.after_op].append(a.tensor)
+            elif isinstance(a, Recompute):
+                self.recompute_before[a.before_op].append(a)
+            elif isinstance(a, Retime):
+                self.retime[a.op] = a
+        # Ops with something hung on them before they run / after they end (every other op
+        # takes the engine's short path: most ops of most plans).
+        self.acts_before: set[int] = {*self.prefetch_at, *self.recompute_before, *self.needs,
+                                      *self.retime, *self.offload_at}
+        self.acts_after: set[int] = {*self.offload_after, *self.sync_after, *self.drop_after,
+                                     *self.release_after}
+
+    def tensors_acted_on(self) -> set[int]:
+        """Tensors that an offload, prefetch, drop, release or recomputation acts on."""
+        acted: set[int] = set()
+        for offloads in (*self.offload_at.values(), *self.offload_after.values()):
+            acted.update(a.tensor for a in offloads)
+        for prefetches in self.prefetch_at.values():
+            acted.update(a.tensor for a in prefetches)
+        for tensors in (*self.drop_after.values(), *self.release_after.values()):
+            acted.update(tensors)
+        for recomputes in self.recompute_before.values():
+            for rc in recomputes:
+                acted.update(rc.tensors)
+        return acted
+
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
+from ..policies.base import Offload, Plan, PlanIndex, Recompute, Retime
 from ..trace.schema import Trace
 from .opmap import OpMap, OpSequenceError, is_profiler_op
 
@@ -252,38 +252,17 @@ class Executor:
         self.gpu = device.type == "cuda"
         self.inputs = inputs
         self.n_ops = len(trace.ops)
-        self.offload_at: dict[int, list[Offload]] = defaultdict(list)
-        self.offload_after: dict[int, list[Offload]] = defaultdict(list)
-        self.prefetch_at: dict[int, list[Prefetch]] = defaultdict(list)
-        self.needs: dict[int, list[int]] = defaultdict(list)
-        self.sync_after: set[int] = set()
-        self.drop_after: dict[int, list[int]] = defaultdict(list)
-        self.release_after: dict[int, list[int]] = defaultdict(list)
-        self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
-        self.retimed: list[Retime] = []
-        touched: set[int] = set()
-        for a in plan.actions:
-            if isinstance(a, Offload):
-                (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)
-                touched.add(a.tensor)
-            elif isinstance(a, Prefetch):
-                self.prefetch_at[a.at_op].append(a)
-                self.needs[a.needed_by].append(a.tensor)
-                touched.add(a.tensor)
-            elif isinstance(a, Sync):
-                self.sync_after.add(a.after_op)
-            elif isinstance(a, Drop):
-                self.drop_after[a.after_op].append(a.tensor)
-                touched.add(a.tensor)
-            elif isinstance(a, Release):
-                self.release_after[a.after_op].append(a.tensor)
-                touched.add(a.tensor)
-            elif isinstance(a, Recompute):
-                self.recompute_before[a.before_op].append(a)
-                touched.update(a.tensors)
-            elif isinstance(a, Retime):
-                self.retimed.append(a)
-        self.touched = touched
+        index = PlanIndex(plan)
+        self.offload_at = index.offload_at
+        self.offload_after = index.offload_after
+        self.prefetch_at = index.prefetch_at
+        self.needs = index.needs
+        self.sync_after = index.sync_after
+        self.drop_after = index.drop_after
+        self.release_after = index.release_after
+        self.recompute_before = index.recompute_before
+        self.retimed: list[Retime] = list(index.retime.values())
+        self.touched = touched = index.tensors_acted_on()
         self.squeeze_ops = {a.op for a in self.retimed if a.workspace_bytes == 0}
         self.tensor_by_id = trace.tensor_by_id()
         self.squeezing: tuple[int, int] | None = None  # (op, allocated bytes when it started)
