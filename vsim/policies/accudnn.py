@@ -33,15 +33,9 @@ from .planning import (
     Usage,
     algorithm_retimes,
     fit_with_notes,
+    free_time_us,
     jit_prefetch_slots,
 )
-
-
-def free_time_us(ev: Evictions, t: int) -> float:
-    view, tl = ev.view, ev.timeline
-    size = view.tensor[t].size_bytes
-    return (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
-            - tl.d2h_us(size) - tl.h2d_us(size))
 
 
 @register

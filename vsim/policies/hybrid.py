@@ -35,6 +35,7 @@ from .planning import (
     alive_in_trace,
     chain_inputs,
     fit_with_notes,
+    free_time_us,
     jit_prefetch_slots,
     recompute_chain,
 )
@@ -61,10 +62,7 @@ class Hybrid(Policy):
         tl = ev.timeline
 
         def swap_cost(t: int) -> float:
-            size = view.tensor[t].size_bytes
-            ft = (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
-                  - tl.d2h_us(size) - tl.h2d_us(size))
-            return max(0.0, -ft)
+            return max(0.0, -free_time_us(ev, t))
 
         chains = {t: recompute_chain(view, t) for t in cands}
         inputs: set[int] = set()   # read by planned recomputations: may be swapped, not dropped

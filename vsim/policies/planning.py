@@ -470,6 +470,15 @@ class Evictions:
         return acts
 
 
+def free_time_us(ev: Evictions, t: int) -> float:
+    """What a swap of `t` leaves free: from its last forward use to the op that needs it back,
+    less its copy out and its copy back (negative: the round trip does not hide)."""
+    view, tl = ev.view, ev.timeline
+    size = view.tensor[t].size_bytes
+    return (view.time_at(ev.need(t)) - view.end_time(ev.last_fwd_use(t))
+            - tl.d2h_us(size) - tl.h2d_us(size))
+
+
 def jit_prefetch_slots(view: TraceView, timeline: Timeline, swaps: Iterable[Swap]
                        ) -> dict[int, int]:
     """Just-in-time issue slots: going back from the last need, each prefetch starts so that it
