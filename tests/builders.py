@@ -52,3 +52,21 @@ def chain(n_layers: int, act_bytes: int, fwd_us: float, bwd_us: float,
     if weight_bytes:
         tensors.append(tensor(len(tensors), weight_bytes, "weight"))
     return trace(ops, tensors)
+
+
+def assert_chrome_trace_events(events: list[dict[str, Any]]) -> None:
+    """What ui.perfetto.dev and chrome://tracing need of trace events: name/ph/pid on each, a
+    number for ts where there is one, X events with dur >= 0, and slices of one (pid, tid)
+    that never overlap."""
+    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for ev in events:
+        assert {"name", "ph", "pid"} <= set(ev)
+        if ev["ph"] in ("X", "i", "C"):
+            assert isinstance(ev["ts"], (int, float))
+        if ev["ph"] == "X":
+            assert ev["dur"] >= 0
+            spans.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
+    for slices in spans.values():
+        slices.sort()
+        for (_, e0), (s1, _) in zip(slices, slices[1:], strict=False):
+            assert s1 >= e0

@@ -3,7 +3,7 @@ import gzip
 import json
 
 import pytest
-from builders import chain
+from builders import assert_chrome_trace_events, chain
 
 from vsim.allocator import make_allocator
 from vsim.cli import main
@@ -73,18 +73,7 @@ def test_merged_file_is_chrome_trace_with_two_processes(runs):
              if ev["ph"] == "M" and ev["name"] == "process_name"}
     assert names[1].startswith("A: measured") and "m.vsim.json.gz" in names[1]
     assert names[2].startswith("B: predicted") and "p.vsim.json.gz" in names[2]
-    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for ev in events:
-        assert {"name", "ph", "pid"} <= set(ev)
-        if ev["ph"] in ("X", "i", "C"):
-            assert isinstance(ev["ts"], (int, float))
-        if ev["ph"] == "X":
-            assert ev["dur"] >= 0
-            spans.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
-    for slices in spans.values():
-        slices.sort()
-        for (_, e0), (s1, _) in zip(slices, slices[1:], strict=False):
-            assert s1 >= e0
+    assert_chrome_trace_events(events)
     # Every op of both runs is there: 6 measured ops, 6 predicted ops (+ copies in pid 2).
     ops = [ev for ev in events if ev.get("cat") == "op"]
     assert sum(ev["pid"] == 1 for ev in ops) == len(measured.ops) == 6

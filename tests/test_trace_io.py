@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from builders import assert_chrome_trace_events
 
 from vsim.errors import TraceError
 from vsim.trace import SCHEMA_VERSION, load_trace, save_trace, trace_from_json, trace_to_json
@@ -41,18 +42,7 @@ def test_file_is_chrome_trace_json():
     name/ph/ts/pid/tid, X events with dur, all times numbers; slices of one tid never overlap."""
     doc = trace_to_json(load_trace(TINY))
     assert isinstance(doc["traceEvents"], list)
-    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for ev in doc["traceEvents"]:
-        assert {"name", "ph", "pid"} <= set(ev)
-        if ev["ph"] in ("X", "i", "C"):
-            assert isinstance(ev["ts"], (int, float))
-        if ev["ph"] == "X":
-            assert ev["dur"] >= 0
-            spans.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
-    for slices in spans.values():
-        slices.sort()
-        for (_, e0), (s1, _) in zip(slices, slices[1:], strict=False):
-            assert s1 >= e0
+    assert_chrome_trace_events(doc["traceEvents"])
     json.dumps(doc, allow_nan=False)  # strict JSON: no NaN or Infinity
 
 
