@@ -129,10 +129,9 @@ class Replayed:
 
 def replay_history(history: History, recorded_addresses: bool = True) -> Replayed:
     """Serve the history's requests with the caching model (see the module docstring)."""
-    recorded_segments = [size for action, _, size, _ in history.entries
-                         if action == "segment_alloc"]
-    addresses = [addr for action, addr, _, _ in history.entries if action == "segment_alloc"]
-    model = CachingAllocator(UNLIMITED, addresses if recorded_addresses else ())
+    segments = [(addr, size) for action, addr, size, _ in history.entries
+                if action == "segment_alloc"]
+    model = CachingAllocator(UNLIMITED, [a for a, _ in segments] if recorded_addresses else ())
     ends = [it.first_entry for it in history.iterations[1:]] + [len(history.entries)]
     live: dict[int, object] = {}
     model_segments: list[int] = []
@@ -153,5 +152,5 @@ def replay_history(history: History, recorded_addresses: bool = True) -> Replaye
         start = end
         reserved.append((it.reserved, model.reserved_bytes))
         allocated.append((it.allocated, model.allocated_bytes))
-    return Replayed(tuple(reserved), tuple(allocated), tuple(recorded_segments),
+    return Replayed(tuple(reserved), tuple(allocated), tuple(size for _, size in segments),
                     tuple(model_segments))
