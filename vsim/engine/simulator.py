@@ -240,19 +240,21 @@ class Engine:
         env, index, state = self.env, self.index, self.memory.state
         acts_before, acts_after = index.acts_before, index.acts_after
         wait_for_memory = self.plan.wait_for_memory
-        allocate, size = self.memory.allocate, self.size
+        allocate, size, first_use = self.memory.allocate, self.size, self.first_use
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
             ready = prev_end + gap
             if ready > env.now:
                 yield env.timeout(ready - env.now)
-            if self.first_use and oid in self.first_use:  # created at first use, on launch
-                for t in self.first_use.pop(oid):
+            if first_use and oid in first_use:  # created at first use, on launch
+                for t in first_use.pop(oid):
                     if not self._alloc(t, oid):
                         return
+            # Whether the plan hangs anything on the op (a workspace fallback below adds one)
+            acted = oid in acts_before
             recomputes: Sequence[Recompute] = ()
-            if oid in acts_before:
+            if acted:
                 # Prefetches hang on the op's launch: issued before it waits for anything, so
                 # that an op can also fetch what it needs itself (at_op == needed_by).
                 for pre in index.prefetch_at.get(oid, ()):
@@ -274,7 +276,7 @@ class Engine:
                 if state.get(t) != DEVICE:
                     on_device = False
                     break
-            if not on_device or oid in acts_before:
+            if not on_device or acted:
                 waits = self._reads_ready(op, recomputes)
                 if waits:
                     yield env.all_of(waits)
@@ -283,27 +285,29 @@ class Engine:
                 if not (yield from self._recompute(rc, op)):
                     return
             wait_start = env.now
-            if wait_for_memory or oid in acts_before:
+            if wait_for_memory or acted:
                 if not (yield from self._allocate_outputs(op)):
                     return
                 stall += env.now - wait_start  # waiting for offloads to give memory back
                 for off in index.offload_at.get(oid, ()):
                     self._issue_offload(off)
+                acted = oid in acts_before
             else:
                 now = env.now
                 for t in op.writes:
-                    if not allocate(t, size[t], now, oid) and not self._fall_back(t, oid):
-                        self._out_of_memory(t, oid)
-                        return
-            dur = self._duration(op) if self.copies_in_flight or oid in acts_before \
-                else op.dur_us
+                    if not allocate(t, size[t], now, oid):
+                        if not self._fall_back(t, oid):
+                            self._out_of_memory(t, oid)
+                            return
+                        acted = True
+            dur = self._duration(op) if acted or self.copies_in_flight else op.dur_us
             start = env.now
             if dur > 0:
                 yield env.timeout(dur)
-            self.executed.append(ExecutedOp(op, start, dur, stall))
-            if oid in acts_before and oid in index.retime \
-                    and index.retime[oid].workspace_bytes == 0:
-                self.executed[-1].without_workspace = True
+            executed = ExecutedOp(op, start, dur, stall)
+            if acted and oid in index.retime and index.retime[oid].workspace_bytes == 0:
+                executed.without_workspace = True
+            self.executed.append(executed)
             self._after(op)
             if oid in acts_after and oid in index.sync_after:
                 sync_start = env.now
