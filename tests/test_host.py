@@ -1,0 +1,48 @@
+"""The host-time model: per-op costs by name, phase fallback, per-weight accumulation, and
+clear errors for malformed files."""
+
+from pathlib import Path
+
+import pytest
+
+from vsim.errors import HardwareError
+from vsim.host import load_host_model, read_host_model
+from vsim.trace.schema import Op, Tensor, Trace
+
+
+def _op(i: int, name: str, phase: str) -> Op:
+    return Op(id=i, name=name, layer=f"l{i}", layer_type="conv", phase=phase, start_us=float(i),
+              dur_us=1.0, stream=0, reads=(), writes=(), frees=())
+
+
+def test_costs_by_name_then_phase_plus_weights(tmp_path: Path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text("by_phase: {fwd: 10.0, bwd: 20.0}\nby_name: {fwd: {'aten::conv2d': 50.0}}\n"
+                 "per_weight_us: 3.0\n")
+    m = read_host_model(f)
+    trace = Trace(meta={}, tensors=(Tensor(0, 4, "weight", "w", None, ()),
+                                    Tensor(1, 4, "weight", "w2", None, ())),
+                  ops=(_op(0, "aten::conv2d", "fwd"), _op(1, "aten::relu", "fwd"),
+                       _op(2, "ReluBackward0", "bwd"), _op(3, "aten::_foreach_add_", "opt")))
+    # 50 (by name) + 10 (fwd default) + 20 (bwd default) + 10 (opt: no default, fwd's) + 2 x 3
+    assert m.iteration_us(trace) == pytest.approx(96.0)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[1, 2]", "mapping"),
+    ("by_phase: {bwd: 1.0}", "by_phase"),
+    ("by_phase: {fwd: -1.0}", "by_phase.fwd"),
+    ("by_phase: {fwd: .inf}", "by_phase.fwd"),
+    ("by_phase: {fwd: 1.0}\nby_name: {fwd: {'aten::x': 'fast'}}", "by_name.fwd.aten::x"),
+])
+def test_malformed_files_name_the_file_and_key(tmp_path: Path, text: str, where: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(HardwareError, match=f"bad.yaml.*{where.split('.')[0]}"):
+        read_host_model(f)
+
+
+def test_the_shipped_h100_probe_loads() -> None:
+    m = load_host_model("h100-sxm")
+    assert m is not None and m.by_phase["fwd"] > 0 and m.provenance.get("device")
+    assert load_host_model("no-such-gpu") is None
