@@ -34,6 +34,7 @@ def test_costs_by_name_then_phase_plus_weights(tmp_path: Path) -> None:
     ("by_phase: {fwd: -1.0}", "by_phase.fwd"),
     ("by_phase: {fwd: .inf}", "by_phase.fwd"),
     ("by_phase: {fwd: 1.0}\nby_name: {fwd: {'aten::x': 'fast'}}", "by_name.fwd.aten::x"),
+    ("by_phase: {fwd: 1.0}\nallocator: {cuda_malloc: 3}", "allocator.cuda_malloc"),
 ])
 def test_malformed_files_name_the_file_and_key(tmp_path: Path, text: str, where: str) -> None:
     f = tmp_path / "bad.yaml"
@@ -45,4 +46,7 @@ def test_malformed_files_name_the_file_and_key(tmp_path: Path, text: str, where:
 def test_the_shipped_h100_probe_loads() -> None:
     m = load_host_model("h100-sxm")
     assert m is not None and m.by_phase["fwd"] > 0 and m.provenance.get("device")
+    assert m.allocator is not None
+    # mapping pages of an expandable segment costs more per MiB than a cudaMalloc (the probe)
+    assert m.allocator.expandable_map.us(1 << 30) > m.allocator.cuda_malloc.us(1 << 30)
     assert load_host_model("no-such-gpu") is None

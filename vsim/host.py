@@ -25,6 +25,30 @@ HOST_DIR = Path(__file__).resolve().parents[1] / "hardware" / "host"
 
 
 @dataclass(frozen=True)
+class Linear:
+    """A cost of base_us plus us_per_mib per MiB (validation/churn's fits)."""
+
+    base_us: float
+    us_per_mib: float
+
+    def us(self, size_bytes: int) -> float:
+        return self.base_us + self.us_per_mib * size_bytes / (1 << 20)
+
+
+@dataclass(frozen=True)
+class AllocatorCosts:
+    """Host time of the caching allocator's driver calls (validation/churn/README.md): a new
+    segment (cudaMalloc, or page maps with expandable segments), a released one (cudaFree or
+    unmaps, after the device-wide synchronize of release_cached_blocks)."""
+
+    cuda_malloc: Linear
+    cuda_free: Linear
+    expandable_map: Linear
+    expandable_unmap: Linear
+    device_sync_us: float
+
+
+@dataclass(frozen=True)
 class HostModel:
     """Host microseconds per op: `by_name[phase][name]`, else `by_phase[phase]`."""
 
@@ -32,6 +56,7 @@ class HostModel:
     by_name: dict[str, dict[str, float]]
     by_phase: dict[str, float]
     per_weight_us: float
+    allocator: AllocatorCosts | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def op_us(self, op: Op) -> float:
@@ -77,6 +102,21 @@ def read_host_model(path: Path) -> HostModel:
         if not isinstance(table, dict):
             raise HardwareError(f"{path}: by_name.{phase} must map op names to us")
         by_name[str(phase)] = {str(k): us(v, f"by_name.{phase}.{k}") for k, v in table.items()}
+    allocator = None
+    alloc = doc.get("allocator")
+    if alloc is not None:
+        if not isinstance(alloc, dict):
+            raise HardwareError(f"{path}: allocator must be a mapping")
+
+        def linear(key: str) -> Linear:
+            entry = alloc.get(key)
+            if not isinstance(entry, dict):
+                raise HardwareError(f"{path}: allocator.{key} needs base_us and us_per_mib")
+            return Linear(us(entry.get("base_us"), f"allocator.{key}.base_us"),
+                          us(entry.get("us_per_mib"), f"allocator.{key}.us_per_mib"))
+        allocator = AllocatorCosts(linear("cuda_malloc"), linear("cuda_free"),
+                                   linear("expandable_map"), linear("expandable_unmap"),
+                                   us(alloc.get("device_sync_us", 0.0), "allocator.device_sync_us"))
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
-                     provenance=dict(doc.get("provenance") or {}))
+                     allocator=allocator, provenance=dict(doc.get("provenance") or {}))
