@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from vsim.cli import main  # noqa: E402
 from vsim.policies import make_policy  # noqa: E402
 from vsim.policies.base import Drop, Offload, Plan, Prefetch, Recompute  # noqa: E402
-from vsim.record.executor import Executor, ExecutorError  # noqa: E402
-from vsim.record.measure import Session, compare_gradients  # noqa: E402
-from vsim.record.opmap import OpSequenceError  # noqa: E402
 from vsim.record.recorder import record_model  # noqa: E402
+from vsim.runtime.executor import Executor, ExecutorError  # noqa: E402
+from vsim.runtime.measure import Session, compare_gradients  # noqa: E402
+from vsim.runtime.opmap import OpSequenceError  # noqa: E402
 from vsim.trace import Trace, save_trace  # noqa: E402
 
 BATCH = 4
@@ -265,7 +265,7 @@ def test_profile_summary_counts_overlapping_streams_once():
 
     import torch
 
-    from vsim.record.measure import _kernel_summary
+    from vsim.runtime.measure import _kernel_summary
 
     def event(name, start, end, device=torch.autograd.DeviceType.CUDA):
         return SimpleNamespace(name=name, device_type=device,

@@ -436,7 +436,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if args.trace:
         from .trace import load_trace
         load_trace(args.trace)
-    from .record.measure import measure, measure_command, summary_line, write_json
+    from .runtime.measure import measure, measure_command, summary_line, write_json
 
     command = measure_command(args.model, args.batch, args.policy, memory, args.hw,
                               args.trace, args.output)

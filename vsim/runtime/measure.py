@@ -5,10 +5,10 @@
 
 The trace (given, or recorded first by the recorder) is planned with
 `make_policy(spec).plan(trace, load_hardware(hw), capacity)`, exactly as `vsim run` plans it,
-and vsim.record.executor carries the plan out while the zoo model trains (SGD with momentum,
+and vsim.runtime.executor carries the plan out while the zoo model trains (SGD with momentum,
 synthetic data, the recorder's own training step). A `Session` holds one model, batch and trace
 on one device and measures several cases in one process (the suite runs so; `python -m
-vsim.record.measure SUITE.yaml OUT_DIR`).
+vsim.runtime.measure SUITE.yaml OUT_DIR`).
 
 Per case: the process is capped with `torch.cuda.set_per_process_memory_fraction` (`--memory`),
 the caches are emptied, `warmup` iterations run, then `iters` timed iterations, each
@@ -51,12 +51,12 @@ from ..errors import ConfigError
 from ..hardware import load_hardware
 from ..policies import make_policy
 from ..policies.base import Offload, Plan, Retime
+from ..record.zoo import build_model
 from ..trace import load_trace
 from ..trace.schema import Trace
 from ..units import format_size
 from .executor import Executor, IterationStats, PinnedPool
 from .opmap import OpMap, map_ops
-from .zoo import build_model
 
 _POOLS: dict[bool, PinnedPool] = {}  # pinned -> the process's pool, reused across sessions
 FORMAT = "vsim-measured"
@@ -109,7 +109,7 @@ def compare_gradients(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any
 
 def provenance(device: torch.device, command: str) -> dict[str, Any]:
     """Device, driver and library versions, date and command (no host name)."""
-    from .recorder import _driver_version
+    from ..record.recorder import _driver_version
 
     gpu = device.type == "cuda"
     return {"device": torch.cuda.get_device_name(device) if gpu else "cpu",
@@ -574,7 +574,7 @@ class Session:
                 "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
                                          if oom is None and peaks_a else None),
                 "notes": [note],
-                "provenance": provenance(self.device, f"python -m vsim.record.measure "
+                "provenance": provenance(self.device, f"python -m vsim.runtime.measure "
                                                       f"(builtin {label})")}
 
 
@@ -657,7 +657,7 @@ def _kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
 
 
 # A case whose plan ran convolutions squeezed changed the cuDNN engines PyTorch caches for the
-# rest of the process (vsim.record.executor): later cases would run with them.
+# rest of the process (vsim.runtime.executor): later cases would run with them.
 _ENGINES_SQUEEZED = False
 
 
@@ -684,7 +684,7 @@ def measure(model: str, batch: int, policy: str, *, memory_bytes: int | None = N
     if trace_path is not None:
         trace = load_trace(trace_path)
     else:
-        from .recorder import record_model
+        from ..record.recorder import record_model
 
         say(f"recording {model} (batch {batch}) on {device} first")
         trace = record_model(model, batch, device=device, progress=say)
@@ -718,7 +718,7 @@ def map_in_subprocesses(groups: list[tuple[str, int, str]], out_dir: Path, devic
     procs = []
     for model, batch, trace_path in groups:
         path = out_dir / f"map-{model}-b{batch}.json"
-        cmd = [sys.executable, "-m", "vsim.record.measure", "--map", model, str(batch),
+        cmd = [sys.executable, "-m", "vsim.runtime.measure", "--map", model, str(batch),
                trace_path, str(path), "--device", device, "--hw", hardware,
                "--warmup", str(warmup)]
         procs.append(((model, batch, trace_path), path,
@@ -767,7 +767,7 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
         try:
             trace = load_trace(trace_path) if trace_path else None
             if trace is None:
-                from .recorder import record_model
+                from ..record.recorder import record_model
                 trace = record_model(model, batch, device=device, progress=say)
             key = (model, batch, trace_path)
             opmap = (OpMap.from_json(json.loads(maps[key].read_text())) if key in maps
@@ -841,13 +841,13 @@ def summary_line(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m vsim.record.measure SUITE.yaml OUT_DIR [--device cuda] [--only ID,...]
+    """python -m vsim.runtime.measure SUITE.yaml OUT_DIR [--device cuda] [--only ID,...]
     [--skip ID,...] [--deadline S] [--separate-maps]; or --map MODEL BATCH TRACE OUT.json"""
     import argparse
 
     import yaml
 
-    parser = argparse.ArgumentParser(prog="python -m vsim.record.measure")
+    parser = argparse.ArgumentParser(prog="python -m vsim.runtime.measure")
     parser.add_argument("suite", nargs="?")
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--device", default="cuda")

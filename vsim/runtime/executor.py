@@ -1,7 +1,7 @@
 """Carry out a policy's plan for real inside PyTorch training iterations (`vsim measure`).
 
 `Tracker`, a TorchDispatchMode, counts the iteration's aten calls and checks each against the
-OpMap (vsim.record.opmap: which trace op each call belongs to, which trace tensor each output
+OpMap (vsim.runtime.opmap: which trace op each call belongs to, which trace tensor each output
 is), so a run that diverges from the trace stops with OpSequenceError; at each op boundary the
 `Executor` carries out the plan's actions.
 
