@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..fileio import write_atomic
 from ..units import format_size, format_time
 from .common import check_output, emit_json, parse_capacity, pct, progress
 
@@ -160,9 +161,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     doc = calibrate(progress=progress)
     parse_hardware(doc, "<calibrated profile>")  # what we write must load
     text = yaml.safe_dump(doc, sort_keys=False)
-    tmp = Path(args.output).with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(args.output)
+    write_atomic(args.output, text)
     progress(f"wrote {args.output}")
     return 0
 
@@ -194,10 +193,8 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
                   "(vDNN's memory-optimal convolutions: cuDNN's IMPLICIT_GEMM, FP32 FMA "
                   "kernels) is assumed at 50% of the fp32 peak, not measured"}
     eff, report = fit(traces, hw, provenance=provenance)
-    tmp = Path(args.output).with_suffix(".tmp")
-    tmp.write_text(efficiencies_to_yaml(eff, report))
-    read_efficiencies(tmp)  # what we write must load
-    tmp.replace(args.output)
+    # what we write must load
+    write_atomic(args.output, efficiencies_to_yaml(eff, report), check=read_efficiencies)
     if args.json:
         emit_json(report)
         return 0
@@ -259,10 +256,7 @@ def _fit_to_benchmarks(args: argparse.Namespace, hw: Any) -> int:
                   "fractions of this GPU's DRAM bandwidth)",
         "benchmarks": prov}
     eff, report = fit_to_timings(nets, hw, base, provenance)
-    tmp = Path(args.output).with_suffix(".tmp")
-    tmp.write_text(efficiencies_to_yaml(eff, report))
-    read_efficiencies(tmp)
-    tmp.replace(args.output)
+    write_atomic(args.output, efficiencies_to_yaml(eff, report), check=read_efficiencies)
     if args.json:
         emit_json(report)
         return 0

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..fileio import write_atomic
 from ..policies.base import Offload, Plan, Retime
 from ..trace.schema import Trace
 from ..units import format_size
@@ -233,7 +234,4 @@ def summary_line(result: dict[str, Any]) -> str:
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:
     """Atomically (a temporary file renamed), with a trailing newline."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(result, indent=1) + "\n")
