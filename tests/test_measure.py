@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from vsim.cli import main  # noqa: E402
 from vsim.policies import make_policy  # noqa: E402
 from vsim.policies.base import Drop, Offload, Plan, Prefetch, Recompute  # noqa: E402
-from vsim.record.executor import Executor, ExecutorError  # noqa: E402
-from vsim.record.measure import Session, compare_gradients  # noqa: E402
-from vsim.record.opmap import OpSequenceError  # noqa: E402
 from vsim.record.recorder import record_model  # noqa: E402
+from vsim.runtime.executor import Executor, ExecutorError  # noqa: E402
+from vsim.runtime.measure import Session, compare_gradients  # noqa: E402
+from vsim.runtime.opmap import OpSequenceError  # noqa: E402
 from vsim.trace import Trace, save_trace  # noqa: E402
 
 BATCH = 4
@@ -265,7 +265,7 @@ def test_profile_summary_counts_overlapping_streams_once():
 
     import torch
 
-    from vsim.record.measure import _kernel_summary
+    from vsim.runtime.results import kernel_summary
 
     def event(name, start, end, device=torch.autograd.DeviceType.CUDA):
         return SimpleNamespace(name=name, device_type=device,
@@ -274,7 +274,7 @@ def test_profile_summary_counts_overlapping_streams_once():
     prof = SimpleNamespace(events=lambda: [
         event("conv", 0, 10), event("Memcpy DtoH", 5, 20),    # overlap: busy 0..20
         event("conv", 30, 40), event("host op", 0, 100, torch.autograd.DeviceType.CPU)])
-    summary = _kernel_summary(prof, wall_us=50.0)
+    summary = kernel_summary(prof, wall_us=50.0)
     assert summary["gpu_busy_us"] == 30 and summary["kernel_us"] == 35
     assert summary["kernels"][0] == {"name": "conv", "calls": 2, "us": 20}
     assert summary["wall_us"] == 50.0

@@ -9,16 +9,13 @@ the prediction, so the block is ignored there.
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import metrics
+from .fileio import write_atomic
 from .trace import trace_to_json
-from .trace.io import default_file_mode
 from .trace.schema import Trace
 
 METRICS = ("iteration_time_us", "compute_time_us", "stall_time_us", "recompute_time_us",
@@ -97,16 +94,4 @@ def save_merged(a: Trace, b: Trace, path: str, name_a: str = "A", name_b: str = 
     """Write the merged document atomically; gzip when the name ends in .gz."""
     data = json.dumps(merged_chrome_trace(a, b, name_a, name_b), separators=(",", ":"),
                       allow_nan=False).encode()
-    target = Path(path)
-    if target.suffix == ".gz":
-        data = gzip.compress(data, compresslevel=6, mtime=0)
-    parent = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, data, gzip_level=6 if Path(path).suffix == ".gz" else None)

@@ -30,13 +30,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .fileio import write_atomic
 from .policies.base import (
     Action,
     Drop,
@@ -121,18 +121,7 @@ def save_plan(saved: SavedPlan, path: str | os.PathLike[str]) -> None:
     """Write atomically (temporary file, then rename)."""
     path = Path(path)
     text = json.dumps(plan_to_json(saved), indent=1, allow_nan=False) + "\n"
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, text)
 
 
 # ---------------------------------------------------------------- reading

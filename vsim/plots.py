@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .trace.io import default_file_mode  # noqa: E402
+from .fileio import replace_atomically  # noqa: E402
 from .trace.schema import TENSOR_KINDS, Trace
 
 KIND_COLORS = {
@@ -275,16 +273,7 @@ def plot_max_batch(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def _save(fig: Any, path: str) -> None:
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
-                               prefix=f".{target.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110), suffix=".png")
     finally:
         plt.close(fig)

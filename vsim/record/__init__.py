@@ -1,4 +1,4 @@
-"""Recording real training iterations with PyTorch: the only package of vsim that imports torch.
+"""Recording real training iterations with PyTorch (with vsim.runtime, the only torch code).
 
 Modules: `zoo` (models), `recorder` (Recorder, record_step, record_model), `calibrate` (hardware
 profiles), `selfcheck` (replay estimate without simpy), `assemble` (joining the recorder's passes

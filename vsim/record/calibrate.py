@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..fileio import write_atomic
 from . import RECORDER_VERSION
 from .recorder import _driver_version, hardware_guess
 
@@ -436,6 +437,4 @@ def write_profile(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write the profile atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(to_yaml(doc))
-    tmp.replace(path)
+    write_atomic(path, to_yaml(doc))

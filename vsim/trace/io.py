@@ -13,12 +13,12 @@ import gzip
 import json
 import math
 import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..fileio import write_atomic
 from . import migrate
 from .schema import (
     COPY_DIRECTIONS,
@@ -118,26 +118,9 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     Gzip when the name ends in .gz."""
     path = Path(path)
     text = json.dumps(trace_to_json(trace), separators=(",", ":"), allow_nan=False)
-    data = text.encode()
-    if path.suffix == ".gz":
-        data = gzip.compress(data, compresslevel=9, mtime=0)  # mtime=0: byte-identical output
     parent = path.parent if str(path.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a saved trace is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    write_atomic(path, text, gzip_level=9 if path.suffix == ".gz" else None)
 
 
 # ---------------------------------------------------------------- reading

@@ -1,7 +1,7 @@
 """Carry out a policy's plan for real inside PyTorch training iterations (`vsim measure`).
 
 `Tracker`, a TorchDispatchMode, counts the iteration's aten calls and checks each against the
-OpMap (vsim.record.opmap: which trace op each call belongs to, which trace tensor each output
+OpMap (vsim.runtime.opmap: which trace op each call belongs to, which trace tensor each output
 is), so a run that diverges from the trace stops with OpSequenceError; at each op boundary the
 `Executor` carries out the plan's actions.
 
@@ -38,6 +38,9 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   process with the same shapes gets them too, so measure.py runs such a case alone.
   Other Retimes (durations only) are not executed.
 On the CPU (tests) copies are synchronous and there are no streams or events.
+
+In parts: the dispatch mode in tracker.py, recording and recomputation in recompute.py (a mixin
+of Executor), the pinned pool in hostmem.py; here the plan's index and the actions on storages.
 """
 
 from __future__ import annotations
@@ -51,164 +54,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
-from ..policies.base import Offload, Plan, PlanIndex, Recompute, Retime
+from ..policies.base import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
-from .opmap import OpMap, OpSequenceError, is_profiler_op
+from .hostmem import PinnedPool
+from .opmap import OpMap, OpSequenceError
+from .recompute import ExecutorError, Recomputation, RecordedCall
+from .tracker import Tracker
 
 SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
 # results (validation/workspace-free used the same margin to time these engines)
 
+__all__ = ["SQUEEZE_MARGIN", "Executor", "ExecutorError", "IterationStats", "PinnedPool"]
 
-class ExecutorError(RuntimeError):
-    """The plan asked for something the run cannot do (a bug in a policy or in the executor)."""
-
-
-_RUNNING_STATS = ("running_mean", "running_var")
-
-
-class _Gone(Exception):
-    """A recorded argument's storage is gone or empty."""
-
-
-# ---------------------------------------------------------------- the tracker
 
 def _same(t: Any) -> Any:
     return t
-
-
-def _uses_rng(func: Any) -> bool:
-    name = str(func)
-    return any(w in name for w in ("dropout", "bernoulli", "rand", "normal", "uniform",
-                                   "exponential", "multinomial"))
-
-
-class Tracker(TorchDispatchMode):
-    """Counts aten calls, checks each against the OpMap and lets the executor act at op
-    boundaries: before the first call of an op (its kernels are not launched yet) the ops before
-    it have ended in launch order."""
-
-    def __init__(self, ex: Executor) -> None:
-        super().__init__()
-        self.ex = ex
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        ex = self.ex
-        if ex.paused or is_profiler_op(func):
-            return func(*args, **kwargs)
-        k = ex.calls
-        ex.calls = k + 1
-        m = ex.map
-        if k >= m.n_calls or func is not m.funcs[k]:
-            ex.diverged(k, func)
-        op = m.call_op[k]
-        if op > ex.cur:
-            ex.advance(op)
-        rec = ex.recording.get(op)
-        rng = ex.rng_state() if rec is not None and _uses_rng(func) else None
-        out = func(*args, **kwargs)
-        watch = ex.watch.get(k)
-        if watch:
-            ex.register(watch, out)
-        if rec is not None:
-            rec.append(ex.spec_call(func, args, kwargs, out, rng, k))
-        elif ex.rebuilt_storage:
-            ex.note_mutation(func, args, kwargs, out, k)
-        return out
-
-
-# ---------------------------------------------------------------- host buffers
-
-class PinnedPool:
-    """One pinned host buffer, handed out in slots (first fit, merged on return). A slot comes
-    back when the event of its last copy has completed (vDNN++'s reused pool)."""
-
-    def __init__(self, size_bytes: int, pin: bool) -> None:
-        self.size = int(size_bytes)
-        self.buffer = torch.empty(self.size, dtype=torch.uint8, pin_memory=pin)
-        self.free: list[tuple[int, int]] = [(0, self.size)]
-        self.pending: list[tuple[Any, int, int]] = []  # (event or None, offset, size)
-
-    def reset(self) -> None:
-        self.free = [(0, self.size)]
-        self.pending = []
-
-    def _give_back(self, offset: int, size: int) -> None:
-        self.free.append((offset, size))
-        self.free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        self.free = merged
-
-    def _collect(self, wait: bool) -> bool:
-        done = [p for p in self.pending if p[0] is None or p[0].query()]
-        if not done and wait and self.pending:
-            self.pending[0][0].synchronize()
-            done = [self.pending[0]]
-        for p in done:
-            self.pending.remove(p)
-            self._give_back(p[1], p[2])
-        return bool(done)
-
-    def take(self, size: int) -> tuple[int, torch.Tensor] | None:
-        size = (int(size) + 511) // 512 * 512
-        while True:
-            for n, (o, s) in enumerate(self.free):
-                if s >= size:
-                    self.free[n] = (o + size, s - size)
-                    if s == size:
-                        del self.free[n]
-                    return o, self.buffer[o:o + size]
-            if not self._collect(wait=True):
-                return None
-
-    def put(self, offset: int, size: int, event: Any) -> None:
-        self.pending.append((event, offset, (int(size) + 511) // 512 * 512))
-
-
-# ---------------------------------------------------------------- the executor
-
-@dataclass
-class _TRef:
-    """A tensor argument of a recorded call: its storage (by key, and weakly), and its view."""
-
-    key: int
-    storage: Any  # weakref.ref to the UntypedStorage
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    dtype: torch.dtype
-    device: torch.device
-
-
-@dataclass
-class _Call:
-    func: Any
-    args: Any
-    kwargs: Any
-    out_keys: list[tuple[int, int]]
-    rng: Any
-    index: int  # the call's number in the iteration
-
-
-def _written_args(func: Any, cache: dict[Any, tuple[tuple[int, str], ...]]
-                  ) -> tuple[tuple[int, str], ...]:
-    """(position, name) of the arguments an aten function writes to (in-place and out=)."""
-    got = cache.get(func)
-    if got is None:
-        schema = getattr(func, "_schema", None)
-        got = tuple((i, a.name) for i, a in enumerate(schema.arguments if schema else ())
-                    if a.alias_info is not None and a.alias_info.is_write)
-        cache[func] = got
-    return got
 
 
 @dataclass
@@ -228,7 +90,7 @@ class IterationStats:
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
-class Executor:
+class Executor(Recomputation):
     """Carries out `plan` during iterations of a step whose aten calls `opmap` maps to `trace`.
 
     Use: `ex.run(step)` runs one iteration under the tracker (see the module docstring for what
@@ -303,13 +165,13 @@ class Executor:
         self.in_ev: dict[int, Any] = {}
         self.slot: dict[int, tuple[int, int]] = {}
         self.pending_release: dict[int, list[int]] = defaultdict(list)
-        self.recording: dict[int, list[_Call]] = {o: [] for o in self.recorded_ops}
+        self.recording: dict[int, list[RecordedCall]] = {o: [] for o in self.recorded_ops}
         self.keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         # storages of tensors that a Recompute rebuilds -> tensor, and the in-place calls
         # outside the recomputed chain that changed them before they were dropped
         self.rebuilt_storage: weakref.WeakKeyDictionary[Any, int] = \
             weakref.WeakKeyDictionary()
-        self.modifiers: dict[int, list[_Call]] = defaultdict(list)
+        self.modifiers: dict[int, list[RecordedCall]] = defaultdict(list)
         self.next_key = 0
         self.host_live = 0
         self.stats = IterationStats()
@@ -496,19 +358,6 @@ class Executor:
             if t in self.rebuilt:
                 self.rebuilt_storage[st] = t
 
-    def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, k: int) -> None:
-        """A call outside every recomputed chain that writes into a tensor a Recompute
-        rebuilds (ResNet's `out += identity`, an in-place ReLU after the producer): the
-        recomputation must re-run it too, or the rebuilt tensor would hold the producer's
-        output instead of its final value (the trace lists in-place updates as reads)."""
-        for i, name in _written_args(func, self._written):
-            x = args[i] if i < len(args) else kwargs.get(name)
-            if not isinstance(x, torch.Tensor):
-                continue
-            t = self.rebuilt_storage.get(x.untyped_storage())
-            if t is not None and self.state.get(t) == "device":
-                self.modifiers[t].append(self.spec_call(func, args, kwargs, out, None, k))
-
     def _storage(self, t: int) -> Any:
         ref = self.storage.get(t)
         st = ref() if ref is not None else None
@@ -647,147 +496,3 @@ class Executor:
             self.stats.drops += 1
         else:
             self.stats.releases += 1
-
-    # ------------------------------------------------------------ recomputation
-
-    def _key(self, st: Any) -> int:
-        k = self.keys.get(st)
-        if k is None:
-            k = self.next_key
-            self.next_key += 1
-            self.keys[st] = k
-        return k
-
-    def rng_state(self) -> Any:
-        if self.gpu:
-            return torch.cuda.get_rng_state(self.device)
-        return torch.get_rng_state()
-
-    def spec_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
-                  index: int) -> _Call:
-        def spec(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                st = x.untyped_storage()
-                return _TRef(self._key(st), weakref.ref(st), tuple(x.shape), tuple(x.stride()),
-                             int(x.storage_offset()), x.dtype, x.device)
-            return x
-
-        leaves, _ = tree_flatten(out)
-        out_keys = [(j, self._key(x.untyped_storage())) for j, x in enumerate(leaves)
-                    if isinstance(x, torch.Tensor)]
-        return _Call(func, tree_map(spec, args), tree_map(spec, kwargs), out_keys, rng, index)
-
-    def _recompute(self, rc: Recompute) -> None:
-        target: dict[int, int] = {}
-        for t in rc.tensors:
-            if self.state.get(t) != "dropped":
-                continue
-            st = self._storage(t)
-            if st is not None:
-                target[self._key(st)] = t
-        env: dict[int, Any] = {}
-
-        def resolve(r: Any) -> Any:
-            if not isinstance(r, _TRef):
-                return r
-            st = env.get(r.key)
-            if st is None:
-                st = r.storage()
-                if st is None or (st.nbytes() == 0 and r.key not in target):
-                    raise _Gone
-            return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
-                                                                       r.stride)
-
-        calls = [c for op in rc.ops for c in self.recording.get(op, ())]
-        first = min((c.index for c in calls), default=-1)
-        extra = {c.index: c for t in target.values() for c in self.modifiers.get(t, ())
-                 if c.index > first}
-        calls = sorted([*calls, *extra.values()], key=lambda c: c.index)
-        with torch.no_grad():
-            for call in calls:
-                try:
-                    args = list(tree_map(resolve, call.args))
-                    kwargs = dict(tree_map(resolve, call.kwargs))
-                except _Gone:
-                    op = self.map.call_op[call.index]
-                    what = (f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})")
-                    if call.index not in extra:
-                        raise ExecutorError(f"recomputing {what}: {call.func} of op {op} reads "
-                                            "a tensor that is no longer on the GPU") from None
-                    if self.strict:
-                        raise ExecutorError(
-                            f"recomputing {what}: op {op} ({self.map.op_names[op]}) updated a "
-                            "rebuilt tensor in place after its producer, and re-running it "
-                            "needs a tensor that is no longer on the GPU; the plan cannot "
-                            "rebuild the tensor's final value (the chain must include the "
-                            "in-place ops, or the tensor must not be dropped)") from None
-                    self.stats.inplace_missed += 1
-                    continue
-                self._protect_mutated(call, args, kwargs, env, target)
-                out = self._call(call, args, kwargs)
-                self.stats.recomputed_calls += 1
-                self.stats.inplace_rerun += call.index in extra
-                leaves, _ = tree_flatten(out)
-                for j, key in call.out_keys:
-                    o = leaves[j]
-                    ost = o.untyped_storage()
-                    if env.get(key) is ost:
-                        continue
-                    t_or_none = target.get(key)
-                    if t_or_none is None:
-                        env[key] = ost
-                        continue
-                    t = t_or_none
-                    tst = self._storage(t)
-                    if tst is None:
-                        continue
-                    if tst.nbytes() == 0:
-                        n = self.nbytes[t]
-                        if ost.nbytes() == n and hasattr(tst, "_swap_data_ptr_"):
-                            tst._swap_data_ptr_(ost)
-                        else:
-                            tst.resize_(n)
-                            view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
-                                tst, o.storage_offset(), o.shape, o.stride())
-                            view.copy_(o)
-                        self.state[t] = "device"
-                    env[key] = tst
-
-    @staticmethod
-    def _protect_mutated(call: _Call, args: list[Any], kwargs: dict[str, Any],
-                         env: dict[int, Any],
-                         target: dict[int, int]) -> None:
-        """Give arguments the call writes to but the chain does not produce (running
-        statistics) copies: the recomputation must not change state twice."""
-        schema = getattr(call.func, "_schema", None)
-        if schema is None:
-            return
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
-            # native_batch_norm's schema does not mark the running statistics it updates
-            if (info is None or not info.is_write) and a.name not in _RUNNING_STATS:
-                continue
-            if i < len(call.args) and not a.kwarg_only:
-                ref = call.args[i]
-                if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
-                    args[i] = args[i].clone()
-            elif a.name in call.kwargs:
-                ref = call.kwargs[a.name]
-                if isinstance(ref, _TRef) and ref.key not in env and ref.key not in target:
-                    kwargs[a.name] = kwargs[a.name].clone()
-
-    def _call(self, call: _Call, args: Any, kwargs: Any) -> Any:
-        if call.rng is None:
-            return call.func(*args, **kwargs)
-        saved = self.rng_state()
-        self._set_rng(call.rng)
-        try:
-            return call.func(*args, **kwargs)
-        finally:
-            self._set_rng(saved)
-
-    def _set_rng(self, state: Any) -> None:
-        if self.gpu:
-            torch.cuda.set_rng_state(state, self.device)
-        else:
-            torch.set_rng_state(state)

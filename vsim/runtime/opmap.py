@@ -22,9 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import TraceError
+from ..record.assemble import DISPATCH, align, structure_ops
 from ..trace.importers import build_trace, short_op_name
 from ..trace.schema import Trace
-from .assemble import DISPATCH, align, structure_ops
 
 BLOCK_SLACK = (1 << 20) + 512  # kSmallSize: a larger remainder splits the block
 
@@ -117,7 +117,7 @@ def map_ops(step: Callable[[], Any], model: torch.nn.Module, optimizer: Any, inp
             loss_fn: Any, device: torch.device, trace: Trace) -> OpMap:
     """Run `step()` once under the recorder's structure pass and map its aten calls to `trace`'s
     ops and tensors. OpSequenceError when the iteration's ops are not the trace's."""
-    from .recorder import Recorder
+    from ..record.recorder import Recorder
 
     rec = Recorder(model, optimizer, inputs=inputs, loss_fn=loss_fn, device=device)
     calls = _CallLog(rec.log.dispatch, device.type)

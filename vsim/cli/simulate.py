@@ -1,0 +1,304 @@
+"""`vsim run`, `inspect`, `list` and `compare`: simulating traces and reading them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..errors import ConfigError
+from ..units import format_size, format_time
+from .common import check_capacity, check_output, emit_json, parse_capacity, pct, progress
+
+
+def add_run_inspect_list(verbs: Any) -> None:
+    """The verbs run, inspect and list."""
+    p = verbs.add_parser("run", help="simulate a trace under a policy")
+    p.add_argument("trace", help="trace file (.vsim.json.gz)")
+    p.add_argument("--hw", required=True, help="hardware profile name (see `vsim list`) or path")
+    p.add_argument("--memory", help="device capacity to simulate, e.g. 12GiB (default: the "
+                   "profile's memory less the CUDA context)")
+    p.add_argument("--policy", action="append", help="policy spec NAME[:key=value,...]; give "
+                   "several to compare them side by side (default: none)")
+    p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
+    p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction, help="run a "
+                   "training process's first iteration before the reported one, on the same "
+                   "allocator (its segments and fragmentation carry over; default: with the "
+                   "caching allocator)")
+    p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction, help="a "
+                   "convolution whose workspace cannot be allocated runs without one, at its "
+                   "workspace-free algorithm's time, as PyTorch falls back to another cuDNN "
+                   "engine (default: with the caching allocator)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
+                   "when several policies are given)")
+    p.add_argument("--timeline", help="write the predicted trace (Perfetto-viewable) here")
+    p.add_argument("--plot", help="write a PNG of memory over time and stream activity here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hypothetical GPU: change a profile value, with its unit "
+                   "(gpu.memory=24GiB, compute.peak.fp32=20TFLOP/s, compute.dram_bandwidth="
+                   "1TB/s, link.h2d.pinned.bandwidth=32GB/s, link.bandwidth=16GB/s, ...); "
+                   "repeatable")
+    p.add_argument("--no-retarget", action="store_true", help="keep the recorded op times "
+                   "when the trace comes from another GPU (default: retarget them through "
+                   "the compute model)")
+    p.set_defaults(handler=cmd_run)
+
+    p = verbs.add_parser("inspect", help="validate and summarise a trace")
+    p.add_argument("trace")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--replay-allocator", metavar="SPEC",
+                   help="also replay the recorded allocator events through this allocator "
+                   "model (e.g. caching) and compare its peaks with the measured ones")
+    p.set_defaults(handler=cmd_inspect)
+
+    p = verbs.add_parser("list", help="policies, allocators, hardware profiles and models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_list)
+
+
+def add_compare(verbs: Any) -> None:
+    """The verb compare."""
+    p = verbs.add_parser("compare", help="metric deltas between two traces; --merge writes one "
+                         "Perfetto file with both")
+    p.add_argument("a", help="first trace (e.g. measured)")
+    p.add_argument("b", help="second trace (e.g. predicted)")
+    p.add_argument("--merge", help="write both runs into one Chrome-trace JSON (.json or "
+                   ".json.gz) for ui.perfetto.dev, one process each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_compare)
+
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..allocator import make_allocator
+    from ..engine import simulate
+    from ..hardware import load_hardware
+    from ..policies import make_policy
+    from ..retarget import for_hardware, hardware_with_overrides
+    from ..trace import load_trace, save_trace
+
+    specs = args.policy or ["none"]
+    if (args.timeline or args.plot) and len(specs) > 1:
+        raise ConfigError("--timeline and --plot take one --policy at a time")
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path:
+            check_output(path, flag)
+    # Parse every input before simulating anything, so bad input fails fast and writes nothing.
+    capacity = parse_capacity(args.memory)
+    hw = hardware_with_overrides(args.hw, args.set) if args.set else load_hardware(args.hw)
+    policies = [make_policy(s) for s in specs]
+    allocator = make_allocator(args.allocator)
+    trace = load_trace(args.trace)
+    trace, retarget_note = for_hardware(trace, hw, enabled=not args.no_retarget)
+    if retarget_note and not args.json:
+        progress(f"note: {retarget_note}")
+    check_capacity(args.trace, trace, hw, capacity)
+    if capacity is not None and capacity > hw.capacity_bytes and not args.json:
+        progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
+                  f"({format_size(hw.capacity_bytes)}): simulating a larger card")
+    results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration,
+                        args.workspace_fallback) for p in policies]
+    if args.timeline:
+        save_trace(results[0].predicted, args.timeline)
+    if args.plot:
+        from ..plots import plot_run
+        plot_run(results[0].predicted, results[0].report, args.plot)
+    if args.json:
+        emit_json(results[0].report if len(results) == 1 else [r.report for r in results])
+    else:
+        print(format_reports([r.report for r in results], trace.meta))
+    return 0
+
+
+_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("fits", "fits", lambda v: "yes" if v else "NO (out of memory)"),
+    ("iteration time", "iteration_time_us", format_time),
+    ("compute time", "compute_time_us", format_time),
+    ("stall time", "stall_time_us", format_time),
+    ("recompute time", "recompute_time_us", format_time),
+    ("peak allocated", "peak_allocated_bytes", format_size),
+    ("peak reserved", "peak_reserved_bytes", format_size),
+    ("average allocated", "avg_allocated_bytes", format_size),
+    ("offloaded (D2H)", "d2h_bytes", format_size),
+    ("prefetched (H2D)", "h2d_bytes", format_size),
+    ("pinned host peak", "pinned_host_peak_bytes", format_size),
+]
+
+
+def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """Reports side by side, one column per policy."""
+    first = reports[0]
+    head = (f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} "
+            f"({meta.get('source', '?')} on {meta.get('device', '?')}) on {first['hardware']}, "
+            f"capacity {format_size(first['capacity_bytes'])}, allocator {first['allocator']}")
+    names = [r["policy"] for r in reports]
+    width = max(22, *(len(n) + 2 for n in names))
+    lines = [head, "", f"{'':20}" + "".join(f"{n:>{width}}" for n in names)]
+    for label, key, fmt in _ROWS:
+        cells = []
+        for r in reports:
+            cell = fmt(r[key])
+            if key == "iteration_time_us" and not r["fits"]:
+                cell = f"(stopped at {cell})"  # an out-of-memory run has no iteration time
+            cells.append(f"{cell:>{width}}")
+        lines.append(f"{label:20}" + "".join(cells))
+    for r in reports:
+        if r["oom"]:
+            o = r["oom"]
+            where = "before the first op" if o["op"] is None else f"at op {o['op']}"
+            lines.append(f"{r['policy']}: out of memory {where}: needed "
+                         f"{format_size(o['need_bytes'])}, {format_size(o['free_bytes'])} free")
+        for note in r["notes"]:
+            lines.append(f"{r['policy']}: {note}")
+    if first.get("retargeted_from"):
+        lines.append(f"op times retargeted from {first['retargeted_from']} to "
+                     f"{first['hardware']} through the compute model")
+    measured = first.get("measured")
+    if measured:
+        lines.append(f"measured (no policy, on {meta.get('device', '?')}): iteration "
+                     f"{format_time(measured['iteration_time_us'])}, peak allocated "
+                     f"{format_size(measured['peak_allocated_bytes'])}")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..inspect import summarize
+    from ..trace import load_trace
+
+    trace = load_trace(args.trace)
+    summary = summarize(trace)
+    if args.replay_allocator:
+        summary["allocator_replay"] = _allocator_replay(trace, args.replay_allocator)
+    if args.json:
+        emit_json(summary)
+        return 0
+    m = summary["meta"]
+    print(f"{args.trace}: valid vsim-trace v{summary['version']} ({m.get('source')})")
+    for key in ("model", "batch_size", "device", "torch", "cuda", "recorder", "date"):
+        if m.get(key) is not None:
+            print(f"  {key:12} {m[key]}")
+    phases = ", ".join(f"{k} {v}" for k, v in summary["ops_by_phase"].items())
+    print(f"  ops          {summary['ops']} ({phases})")
+    print(f"  layers       {summary['layers']}; kernels {summary['kernels']}")
+    print(f"  tensors      {summary['tensors']}")
+    for kind, b in summary["bytes_by_kind"].items():
+        print(f"    {kind:16} {format_size(b)}")
+    print(f"  span         {format_time(summary['span_us'])} "
+          f"(ops {format_time(summary['op_time_us'])})")
+    print(f"  peak (replay) {format_size(summary['replay_peak_bytes'])}")
+    replay = summary.get("allocator_replay")
+    if replay:
+        print(f"  allocator replay ({replay['allocator']}): peak allocated "
+              f"{format_size(replay['peak_allocated_bytes'])}, peak reserved "
+              f"{format_size(replay['peak_reserved_bytes'])}"
+              + (f" ({replay['reserved_error'] * 100:+.1f}% against measured)"
+                 if replay["reserved_error"] is not None else ""))
+    if summary["measured"]:
+        ms = summary["measured"]
+        print(f"  measured     iteration {format_time(ms['iteration_time_us'])}, peak allocated "
+              f"{format_size(ms['peak_allocated_bytes'])}, peak reserved "
+              f"{format_size(ms['peak_reserved_bytes'])}")
+    return 0
+
+
+def _allocator_replay(trace: Any, spec_text: str) -> dict[str, Any]:
+    from ..allocator import make_allocator
+    from ..allocator.replay import replay_allocator
+    from ..engine import allocator_spec_string
+
+    spec = make_allocator(spec_text)
+    capacity = 2**50  # no cap: what the model reserves for this sequence
+    r = replay_allocator(trace, spec, capacity)
+    m = trace.measured
+    return {"allocator": allocator_spec_string(spec),
+            "peak_allocated_bytes": r.peak_allocated_bytes,
+            "peak_reserved_bytes": r.peak_reserved_bytes, "events": r.events,
+            "reserved_error": None if m is None or not m.peak_reserved_bytes else
+            r.peak_reserved_bytes / m.peak_reserved_bytes - 1}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ..allocator.base import allocator_registry, describe_allocator
+    from ..hardware import list_hardware, load_hardware
+    from ..policies import registry
+    from ..policies.base import describe
+
+    hardware = []
+    for name, path in list_hardware().items():
+        hw = load_hardware(str(path))
+        hardware.append({"name": name, "description": hw.description,
+                         "memory_bytes": hw.memory_bytes, "capacity_bytes": hw.capacity_bytes,
+                         "path": str(path)})
+    listing = {
+        "policies": [describe(cls) for _, cls in sorted(registry().items())],
+        "allocators": [describe_allocator(cls) for _, cls in sorted(allocator_registry().items())],
+        "hardware": hardware,
+        "models": _models(),
+    }
+    if args.json:
+        emit_json(listing)
+        return 0
+    for section in ("policies", "allocators"):
+        print(f"{section}:")
+        for entry in listing[section]:
+            fields = ", ".join(f"{f['name']}={f.get('default')}" +
+                               (f" ({'|'.join(f['choices'])})" if "choices" in f else "")
+                               for f in entry["fields"])
+            print(f"  {entry['name']:14} {entry['description']}" + (f"\n  {'':14} {fields}"
+                                                                    if fields else ""))
+    print("hardware:")
+    for h in hardware:
+        print(f"  {h['name']:16} {format_size(cast(float, h['memory_bytes'])):>12}  "
+              f"{h['description']}")
+    print("models:" + ("" if listing["models"] else " (the model zoo needs the record module)"))
+    for m in listing["models"]:
+        print(f"  {m['name']:16} {m['description']}")
+    return 0
+
+
+def _models() -> list[dict[str, str]]:
+    try:
+        from ..record.zoo import list_models
+    except ImportError:
+        return []
+    return [{"name": k, "description": v} for k, v in list_models().items()]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ..compare import compare, save_merged
+    from ..trace import load_trace
+
+    if args.merge:
+        check_output(args.merge, "--merge")
+    a, b = load_trace(args.a), load_trace(args.b)
+    result = compare(a, b, args.a, args.b)
+    if args.merge:
+        save_merged(a, b, args.merge, args.a, args.b)
+    if args.json:
+        emit_json({**result, "merged": args.merge})
+        return 0
+    print(format_comparison(result))
+    if args.merge:
+        print(f"merged: {args.merge} (open it in ui.perfetto.dev)")
+    return 0
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """A table: metric, A, B, B - A, (B - A) / A."""
+    a, b = result["a"], result["b"]
+    lines = [f"A: {a['path']} ({a['label']})", f"B: {b['path']} ({b['label']})", "",
+             f"{'metric':22} {'A':>12} {'B':>12} {'B - A':>12} {'B / A - 1':>10}"]
+    for key, d in result["delta"].items():
+        unit: Callable[[Any], str] = format_size if key.endswith("_bytes") else format_time
+
+        def fmt(v: Any, signed: bool = False, unit: Callable[[Any], str] = unit) -> str:
+            if v is None:
+                return "-"
+            return ("-" if v < 0 else "+") + unit(abs(v)) if signed else unit(v)
+        mark = "*" if any(key in s["from_measured_block"] for s in (a, b)) else ""
+        lines.append(f"{key + mark:22} {fmt(d['a']):>12} {fmt(d['b']):>12} "
+                     f"{fmt(d['diff'], True):>12} {pct(d['rel']):>10}")
+    if a["from_measured_block"] or b["from_measured_block"]:
+        lines.append("* from the trace's measured block (timed without the profiler)")
+    return "\n".join(lines)
+

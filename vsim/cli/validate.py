@@ -1,0 +1,242 @@
+"""`vsim validate` (cases, allocator histories, the vDNN paper) and `vsim bench`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..units import format_size, format_time
+from .common import check_output, emit_json, pct, progress
+
+
+def add_validate_bench(verbs: Any) -> None:
+    """The verbs validate and bench."""
+    p = verbs.add_parser("validate", help="predicted vs measured; exit 1 outside tolerance")
+    p.add_argument("cases", nargs="*", default=["validation/cases"],
+                   help="case files or folders (default: validation/cases)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default="validation/predicted-vs-measured.png",
+                   help="scatter plot of predicted against measured (default: %(default)s; "
+                   "'none' for no plot)")
+    p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction,
+                   help="simulate each case's first iteration first (see vsim run)")
+    p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction,
+                   help="fall back to workspace-free convolutions (see vsim run)")
+    p.set_defaults(handler=cmd_validate)
+
+    p = verbs.add_parser("bench", help="how fast the simulator is on this machine")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="one repetition each (noisier)")
+    p.set_defaults(handler=cmd_bench)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ..allocator.history import HISTORY_SUFFIX, history_files
+    from ..validate import load_cases, paper_files
+
+    histories = history_files(args.cases)
+    others = [p for p in args.cases if not p.endswith(HISTORY_SUFFIX)]
+    cases, papers = load_cases(others), paper_files(others)
+    if not (cases or papers or histories):
+        raise ConfigError(f"no validation cases found in {', '.join(args.cases)}")
+    code = 0
+    if histories:
+        code = max(code, _validate_histories(histories, args.json))
+    if papers:
+        code = max(code, _validate_papers(papers, args.json))
+    if cases:
+        code = max(code, _validate_cases(cases, args))
+    return code
+
+
+def _validate_histories(files: list[Path], as_json: bool) -> int:
+    """The caching model against PyTorch's whole-run allocator histories."""
+    from ..allocator.history import TOLERANCE, load_history, replay_history
+
+    histories = [load_history(f) for f in files]  # all read before any output
+    rows: list[dict[str, Any]] = []
+    for h in histories:
+        if not as_json:
+            progress(f"replaying {h.name} ({len(h.entries)} allocator events)")
+        exact, virtual = replay_history(h), replay_history(h, recorded_addresses=False)
+        rows.append({
+            "history": h.path, "run": h.name, "device": h.meta.get("device"),
+            "iterations": len(h.iterations), "events": len(h.entries),
+            "reserved_recorded_bytes": exact.reserved[-1][0],
+            "reserved_model_bytes": exact.reserved[-1][1],
+            "reserved_error": exact.reserved_error,
+            "allocated_exact": all(a == b for a, b in exact.allocated),
+            "segments_recorded": len(exact.recorded_segments),
+            "segments_model": len(exact.model_segments),
+            "first_divergent_segment": exact.first_divergence(),
+            "reserved_model_virtual_addresses_bytes": virtual.reserved[-1][1],
+            "reserved_error_virtual_addresses": virtual.reserved_error,
+            "first_divergent_segment_virtual_addresses": virtual.first_divergence(),
+            "ok": abs(exact.reserved_error) <= TOLERANCE})
+    if as_json:
+        emit_json({"tolerance": TOLERANCE, "histories": rows})
+    else:
+        print(f"Caching allocator model against PyTorch's allocator histories (whole runs, "
+              f"reserved after the last iteration; tolerance {TOLERANCE:.0%})")
+        print(f"{'run':18} {'events':>7} {'recorded':>10} {'model':>10} {'err':>7} {'segments':>9}"
+              f"  {'virtual addr':>12} {'err':>7}  ok")
+        for r in rows:
+            print(f"{r['run']:18} {r['events']:7d} {_gib(r['reserved_recorded_bytes']):>10} "
+                  f"{_gib(r['reserved_model_bytes']):>10} {pct(r['reserved_error']):>7} "
+                  f"{r['segments_model']:>4}/{r['segments_recorded']:<4}"
+                  f"  {_gib(r['reserved_model_virtual_addresses_bytes']):>12} "
+                  f"{pct(r['reserved_error_virtual_addresses']):>7}  "
+                  f"{'ok' if r['ok'] else 'MISS'}")
+        print("model: segments at the recorded cudaMalloc addresses; virtual addr: at the "
+              "increasing addresses the simulator uses (best fit breaks ties by address)")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.3f} GiB"
+
+
+def _validate_cases(cases: Any, args: argparse.Namespace) -> int:
+    from ..validate import validate
+
+    if args.plot != "none":
+        check_output(args.plot, "--plot")
+    result = validate(cases, progress=None if args.json else progress,
+                      first_iteration=args.first_iteration,
+                      workspace_fallback=args.workspace_fallback)
+    if args.plot != "none":
+        from ..plots import plot_validation
+        plot_validation(result["cases"], args.plot)
+    if args.json:
+        emit_json(result)
+    else:
+        print(format_validation(result))
+        if args.plot != "none":
+            print(f"plot: {args.plot}")
+    return 0 if all(r["ok"] for r in result["cases"]) else 1
+
+
+def _or_dash(fmt: Callable[[Any], str], value: Any) -> str:
+    """A measured run that ran out of memory has no time or peak: shown '-'."""
+    return "-" if value is None else fmt(value)
+
+
+def format_validation(result: dict[str, Any]) -> str:
+    lines = [f"{'case':38} {'time pred':>10} {'meas':>10} {'err':>7}  {'peak pred':>10} "
+             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok"]
+    for r in result["cases"]:
+        p, m, e = r["predicted"], r["measured"], r["error"]
+        fits = ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!")
+        lines.append(
+            f"{r['id'][:38]:38} {_or_dash(format_time, p['iteration_time_us']):>10} "
+            f"{_or_dash(format_time, m['iteration_time_us']):>10} "
+            f"{pct(e['iteration_time']):>7}  "
+            f"{_or_dash(format_size, p['peak_allocated_bytes']):>10} "
+            f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
+            f"{pct(e['peak_allocated']):>7}  "
+            f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}")
+    s = result["summary"]
+    lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
+                 f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
+                 f"{pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench import run_bench
+    from ..validate import repo_root
+
+    result = run_bench(repo_root(Path.cwd()), progress=progress, quick=args.quick)
+    if args.json:
+        emit_json(result)
+        return 0
+    t = result["targets"]
+    rows = [("raw SimPy events/s", f"{result['simpy_events_per_s']:,.0f}", ""),
+            ("vsim simulated events/s", f"{result['vsim_events_per_s']:,.0f}", ""),
+            ("ratio", f"{result['event_rate_ratio']:.2f}", t["event_rate_ratio"]),
+            ("vsim SimPy events/s (ratio)", f"{result['simpy_events_scheduled_per_s']:,.0f} "
+             f"({result['simpy_event_ratio']:.2f})", ""),
+            ("vgg16(256) vdnn, one iteration", f"{result['vgg16_256_vdnn_ms']:.1f} ms",
+             t["vgg16_256_vdnn_ms"] + " ms"),
+            ("resnet1001(32) synthesized", "-" if result["resnet1001_s"] is None else
+             f"{result['resnet1001_s']:.2f} s", t["resnet1001_s"] + " s"),
+            ("sweep configurations/s", f"{result['sweep_configs_per_s']:.1f}", ""),
+            ("simulation / measured, vgg16(256)", f"{result['sim_over_measured']:.3f}",
+             t["sim_over_measured"])]
+    for name, value, target in rows:
+        print(f"{name:36} {value:>14}  {('target ' + target) if target else ''}")
+    print(f"machine: {result['machine']}")
+    return 0
+
+
+def _validate_papers(papers: list[Path], as_json: bool) -> int:
+    from ..paper import check
+
+    results = [check(p, progress=None if as_json else progress) for p in papers]
+    if as_json:
+        emit_json(results[0] if len(results) == 1 else results)
+    else:
+        print("\n\n".join(format_paper(r) for r in results))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.0f}"
+
+
+def format_paper(r: dict[str, Any]) -> str:
+    """The paper comparison as tables: Fig. 1/4, Fig. 6, the policies, the deep VGGs."""
+    lines = [f"{r['paper']} on {r['hardware']}", "",
+             "Fig. 1 and 4: baseline memory (MiB), vDNN's semantics, predicted / paper"]
+    lines.append(f"{'network':15} {'weights':>12} {'feature maps':>14} {'gradient maps':>14} "
+                 f"{'workspace':>12} {'total':>13} {'error':>7} {'(fig4 ws)':>9}  ok")
+    for row in r["fig1"]:
+        p, f = row["predicted"], row["paper_mib"]
+        lines.append(
+            f"{row['network']:15} {_mib(p['weights']):>6}/{f['weights']:<5} "
+            f"{_mib(p['feature_maps']):>7}/{f['feature_maps']:<6} "
+            f"{_mib(p['gradient_maps']):>7}/{f['gradient_maps']:<6} "
+            f"{_mib(p['workspace']):>6}/{f['workspace']:<5} "
+            f"{_mib(p['total']):>6}/{row['fig1_total_mib']:<6} {pct(row['error']):>7} "
+            f"{pct(row['error_with_fig4_workspace']):>9}  {'ok' if row['ok'] else 'MISS'}")
+    f6 = r["fig6"]
+    t = f6["totals"]
+    lines += ["", "Fig. 6: VGG-16(64) per-layer time (ms), predicted / paper"]
+    for row in f6["rows"]:
+        pf = "-" if row["paper_fwd_ms"] is None else row["paper_fwd_ms"]
+        pb = "-" if row["paper_bwd_ms"] is None else row["paper_bwd_ms"]
+        lines.append(f"  {row['layer']:7} fwd {row['fwd_ms']:7.1f} / {pf:>6}   bwd "
+                     f"{row['bwd_ms']:7.1f} / {pb:>6}")
+    lines.append(f"  total   fwd {t['fwd_ms']:7.1f} / {t['paper_fwd_ms']:6.1f}   bwd "
+                 f"{t['bwd_ms']:7.1f} / {t['paper_bwd_ms']:6.1f}   all {pct(f6['error'])} "
+                 f"{'ok' if f6['ok'] else 'MISS'}")
+    if "policies" in r:
+        lines += ["", "Predicted outcome of the paper's policies (cnmem at the card's capacity; "
+                  "base = network-wide allocation; throughput of the feature-extraction layers "
+                  "relative to base(p) on a GPU with room for it; fits* = also without "
+                  "fragmentation)"]
+        lines.append(f"{'network':15} {'policy':8} {'fits':>5} {'fits*':>5} {'peak GiB':>9} "
+                     f"{'avg GiB':>8} {'offload GiB':>11} {'throughput':>10}")
+        for net, rows in r["policies"].items():
+            for p in rows:
+                thr = "-" if p["feature_throughput"] is None else f"{p['feature_throughput']:.2f}"
+                lines.append(f"{net:15} {p['policy']:8} {'yes' if p['fits'] else 'no':>5} "
+                             f"{'yes' if p['fits_exact'] else 'no':>5} "
+                             f"{p['peak_bytes'] / 2**30:9.2f} {p['avg_bytes'] / 2**30:8.2f} "
+                             f"{p['offloaded_bytes'] / 2**30:11.2f} {thr:>10}")
+                for note in p["notes"]:
+                    lines.append(f"{'':25}{note}")
+                net = ""
+    if "deep" in r:
+        lines += ["", "vDNN_dyn on the very deep VGGs, batch 32 (GiB)"]
+        lines.append(f"{'network':12} {'baseline':>9} {'fits':>5} {'GPU peak':>9} "
+                     f"{'host pinned':>12}  choice")
+        for d in r["deep"]:
+            lines.append(f"{d['network']:12} {d['baseline_bytes'] / 2**30:9.2f} "
+                         f"{'yes' if d['fits'] else 'no':>5} {d['peak_bytes'] / 2**30:9.2f} "
+                         f"{d['pinned_host_bytes'] / 2**30:12.2f}  {d['choice']}")
+    return "\n".join(lines)
+

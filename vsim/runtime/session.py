@@ -1,0 +1,474 @@
+"""A measuring session: one model, batch and trace on one device, measured under several plans
+in turn (`Session.run`) or under PyTorch's built-ins (`Session.builtin`); see
+vsim.runtime.measure for what a case measures."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..errors import ConfigError
+from ..hardware import load_hardware
+from ..policies import make_policy
+from ..policies.base import Plan, Retime
+from ..record.zoo import build_model
+from ..trace.schema import Trace
+from .executor import Executor, IterationStats, PinnedPool
+from .opmap import OpMap, map_ops
+from .results import (
+    FORMAT,
+    VERSION,
+    allocator_counters,
+    case_notes,
+    compare_gradients,
+    executed_summary,
+    kernel_profiler,
+    kernel_summary,
+    measure_command,
+    plan_summary,
+    provenance,
+)
+
+_POOLS: dict[bool, PinnedPool] = {}  # pinned -> the process's pool, reused across sessions
+Progress = Callable[[str], None]
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """cuDNN's deterministic algorithms and PyTorch's deterministic mode (warn-only: kernels
+    without a deterministic version still run, and their noise is measured separately)."""
+    cudnn = torch.backends.cudnn
+    prev = (cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        cudnn.deterministic = prev[0]
+        torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
+
+
+# A case whose plan ran convolutions squeezed changed the cuDNN engines PyTorch caches for the
+# rest of the process (vsim.runtime.executor): later cases would run with them.
+_ENGINES_SQUEEZED = False
+
+
+class Session:
+    """One model, batch and trace on one device, measured under several policies in turn.
+
+    Built: the zoo model (weights from seed 0), SGD (lr 0.01, momentum 0.9), the synthetic
+    batch; `warmup` plain iterations; a snapshot of weights and optimizer state (every check
+    starts from it); the op map (one iteration under the recorder's structure pass); the
+    reference loss and gradients (deterministic kernels, twice)."""
+
+    def __init__(self, model: str, batch: int, trace: Trace, *, device: str = "cuda",
+                 hardware: str = "h100-sxm", trace_path: str | None = None, warmup: int = 3,
+                 check: bool = True, progress: Progress | None = None,
+                 opmap: OpMap | None = None) -> None:
+        self.say = progress or quiet
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("CUDA is not available here; measure with --device cpu")
+        self.gpu = self.device.type == "cuda"
+        if self.gpu and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model_name, self.batch = model, batch
+        self.trace, self.trace_path = trace, trace_path
+        self.hw_name = hardware
+        self.hw = load_hardware(hardware)
+        self.warmup = warmup
+        self.check = check
+        self._uncap()
+        self.net, (inputs, target), self.loss_fn = build_model(model, batch, self.device)
+        self.net.train()
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=0.01, momentum=0.9)
+        self.args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+        self.target = target
+        self.inputs = (inputs, target)
+        self.flat_inputs = [t for t in tree_flatten(self.inputs)[0]
+                            if isinstance(t, torch.Tensor)]
+        for _ in range(warmup):
+            self.step()
+        self._sync()
+        self.snapshot = [t.detach().to("cpu", copy=True) for t in self._state()]
+        self.rng = (torch.get_rng_state(),
+                    torch.cuda.get_rng_state(self.device) if self.gpu else None)
+        if opmap is None:
+            self.say(f"{model} (batch {batch}): mapping the trace's ops")
+            opmap = map_ops(self.step, self.net, self.opt, self.inputs, self.loss_fn,
+                            self.device, trace)
+            self.restore()
+        self.opmap: OpMap = opmap
+        self.say(f"  {opmap.n_calls} aten calls, {len(trace.ops)} ops, "
+                 f"{opmap.diagnostics['tensors_located']} tensors located")
+        self.reference: dict[str, Any] | None = None
+        self.noise: dict[str, Any] | None = None
+        if check:
+            self.reference = self.gradients(None)
+            again = self.gradients(None)
+            self.noise = compare_gradients(self.reference, again)
+
+    # ------------------------------------------------------------ training
+
+    def step(self, capture: Callable[[torch.Tensor | None], None] | None = None) -> None:
+        """The recorder's training step (vsim.record.recorder.record_model). `capture` is
+        called with the loss after the forward pass (a plan may free the loss in backward)
+        and with None after the backward pass."""
+        loss = self.loss_fn(self.net(*self.args), self.target)
+        if capture is not None:
+            capture(loss)
+        loss.backward()
+        if capture is not None:
+            capture(None)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def _sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize(self.device)
+
+    def _state(self) -> list[torch.Tensor]:
+        out = list(self.params) + [b for b in self.net.buffers()]
+        for p in self.params:
+            st = self.opt.state.get(p, {})
+            out += [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+        return out
+
+    def restore(self) -> None:
+        """Weights, buffers, optimizer state and random generators back to the snapshot; no
+        gradients (an iteration stopped by an exception may have left some)."""
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for t, s in zip(self._state(), self.snapshot, strict=True):
+                t.copy_(s)
+        torch.set_rng_state(self.rng[0])
+        if self.gpu:
+            assert self.rng[1] is not None
+            torch.cuda.set_rng_state(self.rng[1], self.device)
+        self._sync()
+
+    def gradients(self, ex: Executor | None) -> dict[str, Any]:
+        """Loss and parameter gradients of one iteration from the snapshot, deterministic
+        kernels on, with the plan carried out by `ex` (None: no policy)."""
+        self.restore()
+        got: dict[str, Any] = {}
+
+        def capture(loss: torch.Tensor | None) -> None:
+            with ex.untracked() if ex is not None else nullcontext():
+                if loss is not None:
+                    got["loss"] = loss.detach().to("cpu", copy=True)
+                    return
+                got["grads"] = [None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+                                for p in self.params]
+
+        try:
+            with deterministic():
+                if ex is not None:
+                    ex.run(lambda: self.step(capture))
+                else:
+                    self.step(capture)
+                self._sync()
+        finally:
+            self.restore()
+        return got
+
+    # ------------------------------------------------------------ memory
+
+    def _uncap(self) -> None:
+        if self.gpu:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+
+    def _cap(self, memory_bytes: int | None) -> float:
+        """Cap the process at `memory_bytes`; the fraction of the device it set (1.0 without a
+        GPU)."""
+        if not self.gpu:
+            return 1.0
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        fraction = 1.0 if memory_bytes is None else min(1.0, memory_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+        return fraction
+
+    def _clean(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.gpu:
+            self._sync()
+            torch.cuda.empty_cache()
+
+    def recover(self) -> None:
+        """After a case that raised: free what it left behind and lift the cap."""
+        self._clean()
+        self._uncap()
+
+    def _pool(self, plan: Plan) -> PinnedPool | None:
+        """The process's pinned pool, grown when a plan needs more (cudaHostAlloc costs about
+        0.65 s per GiB on the H100 machine: paid once per process, outside the timing)."""
+        if plan.pinned_pool_bytes <= 0:
+            return None
+        pin = self.gpu and plan.pinned
+        pool = _POOLS.get(pin)
+        if pool is None or pool.size < plan.pinned_pool_bytes:
+            _POOLS.pop(pin, None)
+            pool = None
+            gc.collect()
+            pool = _POOLS[pin] = PinnedPool(plan.pinned_pool_bytes, pin=pin)
+        return pool
+
+    # ------------------------------------------------------------ one case
+
+    def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
+            warmup: int | None = None, instrument: bool = False, strict: bool = True,
+            command: str | None = None, profile_last: bool = False) -> dict[str, Any]:
+        """Measure one case: the plan of `policy` for this trace at `memory_bytes` (None: the
+        profile's capacity, no cap) carried out for `warmup` + `iters` iterations.
+        `instrument`: run the op tracker even for a plan without actions (to see its cost).
+        `strict`: see Executor (a recomputation that cannot rebuild a tensor's final value
+        raises ExecutorError; otherwise it runs as planned and the check shows the damage).
+        `profile_last`: profile the last iteration's kernels (CUPTI; that iteration's time and
+        peaks are left out of the medians) into the result's `profile_last`."""
+        warmup = self.warmup if warmup is None else warmup
+        if iters < 1:
+            raise ConfigError(f"--iters must be at least 1, got {iters}")
+        pol = make_policy(policy)
+        capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
+        plan = pol.plan(self.trace, self.hw, capacity)
+        global _ENGINES_SQUEEZED
+        if _ENGINES_SQUEEZED:
+            raise ConfigError(f"{policy}: an earlier case in this process ran convolutions "
+                              "squeezed to workspace-free engines, which PyTorch keeps using; "
+                              "run each such case alone (--only ID)")
+        if any(isinstance(a, Retime) and a.workspace_bytes == 0 for a in plan.actions) \
+                and self.gpu:
+            _ENGINES_SQUEEZED = True
+        notes = list(plan.notes)
+        self._clean()
+        fraction = self._cap(memory_bytes)
+        held = torch.cuda.memory_allocated(self.device) if self.gpu else None
+        ex = None
+        if plan.actions or instrument:
+            ex = Executor(plan, self.opmap, self.trace, self.device, self.flat_inputs,
+                          self._pool(plan), strict=strict, memory_fraction=fraction)
+        times: list[float] = []
+        peaks_a: list[int] = []
+        peaks_r: list[int] = []
+        stats: IterationStats | None = None
+        oom = None
+        i = 0
+        profiled: dict[str, Any] | None = None
+        last = warmup + iters if profile_last and self.gpu else None
+        counters: dict[str, int] = {}  # the allocator's, after the warm-up
+        churn: dict[str, int] = {}     # their growth over the measured iterations
+        try:
+            for i in range(warmup + iters + (1 if last is not None else 0)):
+                self._sync()
+                if self.gpu:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                if i == warmup and self.gpu:
+                    counters = allocator_counters(self.device)
+                prof = kernel_profiler() if i == last else None
+                t0 = time.perf_counter()
+                if ex is not None:
+                    stats = ex.run(self.step)
+                else:
+                    self.step()
+                self._sync()
+                dt = (time.perf_counter() - t0) * 1e6
+                if prof is not None:
+                    prof.stop()
+                    profiled = kernel_summary(prof, dt)
+                    continue
+                if i >= warmup:
+                    times.append(dt)
+                    if self.gpu:
+                        peaks_a.append(torch.cuda.max_memory_allocated(self.device))
+                        peaks_r.append(torch.cuda.max_memory_reserved(self.device))
+                        churn = {k: v - counters.get(k, 0)
+                                 for k, v in allocator_counters(self.device).items()}
+        except torch.OutOfMemoryError as exc:
+            oom = {"iteration": i, "in_warmup": i < warmup,
+                   "message": str(exc).strip().splitlines()[0][:1000]}
+            oom.update(ex.where() if ex is not None else {})
+            del exc
+        self._clean()
+        if oom is not None and ex is None:
+            oom.update(self._locate_oom(plan))
+        check: dict[str, Any] | None = None
+        if oom is None and self.check and ex is not None and plan.actions:
+            self._uncap()
+            assert self.reference is not None
+            check = compare_gradients(self.reference, self.gradients(ex))
+            self._clean()
+        elif oom is None and self.check:
+            check = {"skipped": "no plan actions: the run is the reference itself"}
+        if check is not None and self.noise is not None:
+            check["reference_repeat"] = {k: self.noise[k] for k in
+                                         ("bitwise_equal", "max_abs_grad_diff",
+                                          "max_rel_grad_diff")}
+        self._uncap()
+        fits = oom is None
+        notes += case_notes(plan, ex, stats, self.trace)
+        if command is None:
+            command = measure_command(self.model_name, self.batch, policy, memory_bytes,
+                                      self.hw_name, self.trace_path, None)
+        host_peak = stats.host_peak_bytes if stats is not None else 0
+        if plan.pinned_pool_bytes and ex is not None and ex.pool is not None:
+            host_peak = max(host_peak, plan.pinned_pool_bytes)
+        result: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION,
+            "model": self.model_name, "batch_size": self.batch, "policy": pol.spec(),
+            "hardware": self.hw_name, "trace": self.trace_path,
+            "memory_bytes": memory_bytes, "capacity_bytes": capacity,
+            "fits": fits, "oom": oom,
+            "iteration_time_us": round(statistics.median(times), 3) if fits else None,
+            "iteration_times_us": [round(t, 3) for t in times],
+            "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
+                                     if fits and peaks_a else None),
+            "peak_reserved_bytes": (int(statistics.median_low(peaks_r))
+                                    if fits and peaks_r else None),
+            "peaks_allocated_bytes": peaks_a, "peaks_reserved_bytes": peaks_r,
+            "pinned_host_peak_bytes": host_peak if fits else None,
+            "h2d_bytes": stats.h2d_bytes if stats is not None else 0,
+            "d2h_bytes": stats.d2h_bytes if stats is not None else 0,
+            "iterations": {"warmup": warmup, "measured": len(times)},
+            "allocator_churn": churn or None,
+            "allocated_at_start_bytes": held,
+            "plan": plan_summary(plan),
+            "executed": executed_summary(stats, ex),
+            "op_map": dict(self.opmap.diagnostics),
+            "check": check,
+            "notes": notes,
+            "provenance": provenance(self.device, command),
+        }
+        if profiled is not None:
+            result["profile_last"] = profiled
+        return result
+
+    def _locate_oom(self, plan: Plan) -> dict[str, Any]:
+        """A run without an executor ran out of memory: run one iteration with the op tracker
+        alone to say at which op."""
+        ex = Executor(Plan(), self.opmap, self.trace, self.device, self.flat_inputs)
+        try:
+            ex.run(self.step)
+        except torch.OutOfMemoryError:
+            return ex.where()
+        finally:
+            self._clean()
+        return {"op": None, "note": "a second, tracked iteration did not run out of memory"}
+
+    # ------------------------------------------------------------ PyTorch's built-ins
+
+    def builtin(self, kind: str, memory_bytes: int | None = None, iters: int = 10,
+                warmup: int | None = None, segments: int = 6) -> dict[str, Any]:
+        """PyTorch's own alternatives, timed like a case: `save_on_cpu` (saved tensors to
+        pinned host memory) or `checkpoint_sequential` (`segments` segments over the model's
+        modules flattened, which needs an nn.Sequential model)."""
+        warmup = self.warmup if warmup is None else warmup
+        if kind == "save_on_cpu":
+            def step() -> None:
+                with torch.autograd.graph.save_on_cpu(pin_memory=self.gpu):
+                    loss = self.loss_fn(self.net(*self.args), self.target)
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+        elif kind == "checkpoint_sequential":
+            from torch.utils.checkpoint import checkpoint
+
+            segs = _segments(_flat_sequential(self.net), segments)
+
+            def run_segment(seg: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+                return checkpoint(seg, x, use_reentrant=False)
+
+            def step() -> None:
+                x = self.args[0]
+                for seg in segs[:-1]:
+                    x = run_segment(seg, x)
+                loss = self.loss_fn(segs[-1](x), self.target)
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+        else:
+            raise ConfigError(f"unknown built-in {kind!r}: save_on_cpu or checkpoint_sequential")
+        self._clean()
+        self._cap(memory_bytes)
+        times: list[float] = []
+        peaks_a: list[int] = []
+        oom = None
+        i = 0
+        try:
+            for i in range(warmup + iters):
+                self._sync()
+                if self.gpu:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                t0 = time.perf_counter()
+                step()
+                self._sync()
+                if i >= warmup:
+                    times.append((time.perf_counter() - t0) * 1e6)
+                    if self.gpu:
+                        peaks_a.append(torch.cuda.max_memory_allocated(self.device))
+        except torch.OutOfMemoryError as exc:
+            oom = {"iteration": i, "in_warmup": i < warmup,
+                   "message": str(exc).strip().splitlines()[0][:1000]}
+            del exc
+        self._clean()
+        self._uncap()
+        label = f"pytorch:{kind}" + (f":segments={segments}" if kind != "save_on_cpu" else "")
+        note = ("PyTorch's built-in, not a vsim policy: no trace plan, no check"
+                + ("; checkpoint_sequential's split with each boundary moved past in-place "
+                   "ReLUs (their in-place update of a checkpointed segment's input fails "
+                   "otherwise), use_reentrant=False" if kind != "save_on_cpu" else
+                   "; save_on_cpu(pin_memory=True) around the forward pass"))
+        return {"format": FORMAT, "version": VERSION, "model": self.model_name,
+                "batch_size": self.batch, "policy": label, "memory_bytes": memory_bytes,
+                "fits": oom is None, "oom": oom,
+                "iteration_time_us": round(statistics.median(times), 3) if oom is None else None,
+                "iteration_times_us": [round(t, 3) for t in times],
+                "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
+                                         if oom is None and peaks_a else None),
+                "notes": [note],
+                "provenance": provenance(self.device, f"python -m vsim.runtime.measure "
+                                                      f"(builtin {label})")}
+
+
+
+def _segments(mods: list[torch.nn.Module], n: int) -> list[torch.nn.Sequential]:
+    """checkpoint_sequential's even split into `n` segments (the last one runs without
+    checkpointing, as there), each boundary moved forward past in-place modules (ReLU(inplace)):
+    a segment may not start by overwriting the input its predecessor's checkpoint keeps."""
+    size = max(1, len(mods) // n)
+    bounds: list[int] = []
+    for k in range(1, n):
+        b = k * size
+        while b < len(mods) and getattr(mods[b], "inplace", False):
+            b += 1
+        if b < len(mods) and (not bounds or b > bounds[-1]):
+            bounds.append(b)
+    edges = [0, *bounds, len(mods)]
+    return [torch.nn.Sequential(*mods[a:b]) for a, b in zip(edges, edges[1:], strict=False)
+            if b > a]
+
+
+def _flat_sequential(module: torch.nn.Module) -> list[torch.nn.Module]:
+    if not isinstance(module, torch.nn.Sequential):
+        raise ConfigError(f"checkpoint_sequential needs an nn.Sequential model, not "
+                          f"{type(module).__name__}")
+    out: list[torch.nn.Module] = []
+    for child in module:
+        out += _flat_sequential(child) if isinstance(child, torch.nn.Sequential) else [child]
+    return out

@@ -1,0 +1,55 @@
+"""The executor's dispatch mode: counts the iteration's aten calls, checks each against the OpMap
+and lets the executor act at op boundaries (see vsim.runtime.executor)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .opmap import is_profiler_op
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+
+def _uses_rng(func: Any) -> bool:
+    name = str(func)
+    return any(w in name for w in ("dropout", "bernoulli", "rand", "normal", "uniform",
+                                   "exponential", "multinomial"))
+
+
+class Tracker(TorchDispatchMode):
+    """Counts aten calls, checks each against the OpMap and lets the executor act at op
+    boundaries: before the first call of an op (its kernels are not launched yet) the ops before
+    it have ended in launch order."""
+
+    def __init__(self, ex: Executor) -> None:
+        super().__init__()
+        self.ex = ex
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        ex = self.ex
+        if ex.paused or is_profiler_op(func):
+            return func(*args, **kwargs)
+        k = ex.calls
+        ex.calls = k + 1
+        m = ex.map
+        if k >= m.n_calls or func is not m.funcs[k]:
+            ex.diverged(k, func)
+        op = m.call_op[k]
+        if op > ex.cur:
+            ex.advance(op)
+        rec = ex.recording.get(op)
+        rng = ex.rng_state() if rec is not None and _uses_rng(func) else None
+        out = func(*args, **kwargs)
+        watch = ex.watch.get(k)
+        if watch:
+            ex.register(watch, out)
+        if rec is not None:
+            rec.append(ex.spec_call(func, args, kwargs, out, rng, k))
+        elif ex.rebuilt_storage:
+            ex.note_mutation(func, args, kwargs, out, k)
+        return out
