@@ -1141,13 +1141,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ the vDNN paper (issue 6)
 
 def _validate_papers(papers: list[Path], as_json: bool) -> int:
-    from .paper import check
+    from .paper import check, format_result
 
     results = [check(p, progress=None if as_json else _progress) for p in papers]
     if as_json:
         _emit_json(results[0] if len(results) == 1 else results)
     else:
-        print("\n\n".join(format_paper(r) for r in results))
+        print("\n\n".join(format_result(r) for r in results))
     return 0 if all(r["ok"] for r in results) else 1
 
 
