@@ -119,7 +119,7 @@ def check_figures(path: str | Path, doc: dict[str, Any],
         else:
             ok = error is not None and abs(error) <= tol[str(fig["kind"])]
         if not ok and not cause:
-            cause = str(fig.get("cause", ""))
+            cause = str(fig.get("cause", "outside tolerance; cause not analysed yet"))
         rows.append({"id": fig["id"], "source": fig.get("source", ""), "network": net,
                      "policy": fig.get("policy"), "metric": fig["metric"],
                      "kind": fig["kind"], "unit": fig.get("unit", ""),
