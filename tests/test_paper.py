@@ -84,3 +84,30 @@ def test_paper_figures_on_the_shipped_traces():
     # with Fig. 4's workspace in place of the modelled one, every total is within 2%
     assert all(abs(row["error_with_fig4_workspace"]) < 0.02 for row in r["fig1"])
     assert r["fig6"]["rows_matched"] == 19 and abs(r["fig6"]["error"]) <= 0.15
+
+
+def test_seed_files_print_every_figure_with_a_cause_for_each_miss():
+    for name in ("superneurons-k40", "layrub-k40m", "vdnnpp-titanx", "accudnn"):
+        r = paper.check(ROOT / "validation" / "paper" / f"{name}.yaml")
+        assert r["figures"], name
+        for f in r["figures"]:
+            assert f["ok"] or f["cause"], (name, f["id"])
+            if f["predicted"] is None:
+                assert not f["ok"]
+    # an unmeasured compression ratio is a miss that says where it must be measured
+    r = paper.check(ROOT / "validation" / "paper" / "vdnnpp-titanx.yaml")
+    comp = [f for f in r["figures"] if "compression" in f["id"]][0]
+    assert not comp["ok"] and "compression_ratio" in comp["cause"]
+
+
+def test_vdnn_order_replay_peaks_at_the_first_group():
+    from vsim.hardware import load_hardware
+    from vsim.paper.vdnn_order import replay
+
+    hw = load_hardware("titan-x-maxwell")
+    t = paper.vdnn._trace(ROOT / "validation" / "paper", "vgg16-b128", hw)
+    r = replay(t, 2**50, "all", True)
+    assert r is not None and r["fits"]
+    # three 64x224x224 maps of batch 128 (1568 MiB each) live at once, plus the weights
+    assert r["peak_bytes"] > 3 * 1568 * MiB
+    assert paper.vdnn.forks(t) is False

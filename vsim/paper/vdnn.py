@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
-from .hardware import Hardware, load_hardware, parse_percent
-from .trace.schema import Trace
+from ..errors import ConfigError
+from ..hardware import Hardware, load_hardware, parse_percent
+from ..trace.schema import Trace
 
 MIB = 2**20
 FIG6_ROWS_FC = 3
@@ -73,8 +73,8 @@ def load_paper(path: str | Path) -> dict[str, Any]:
 
 
 def _trace(folder: Path, net: str, hw: Hardware) -> Trace:
-    from .compute import with_model_times
-    from .trace import load_trace
+    from ..compute import with_model_times
+    from ..trace import load_trace
 
     path = folder / "traces" / f"{net}.vsim.json.gz"
     if not path.is_file():
@@ -224,9 +224,9 @@ def policy_rows(trace: Trace, hw: Hardware, capacity: int | None = None
     the card's): memory, offload, fits (and whether it would without fragmentation, with the
     exact allocator), feature-extraction throughput against base(p) on an oracle GPU. The base
     rows' memory is the network-wide baseline (`vdnn_baseline`; base(m) without workspace)."""
-    from .allocator import make_allocator
-    from .engine import simulate
-    from .policies import make_policy
+    from ..allocator import make_allocator
+    from ..engine import simulate
+    from ..policies import make_policy
 
     t = vdnn_semantics(trace)
     cap = hw.capacity_bytes if capacity is None else capacity
@@ -322,15 +322,23 @@ def check(path: str | Path, progress: Callable[[str], None] | None = None,
             base = vdnn_baseline(t)
             dyn = policy_rows_dyn(t, hw)
             result["deep"].append({"network": net, "baseline_bytes": base["total"], **dyn})
-    result["ok"] = all(r["ok"] for r in rows) and fig6_result["ok"]
+        from .headline import headline_rows
+
+        say("the VGG-16(256) headline")
+        result["headline"] = headline_rows(
+            result["policies"]["vgg16-b256"], traces.get("vgg16-b256") or _trace(
+                folder, "vgg16-b256", hw), result["policies"]["vgg16-b128"], hw,
+            float(doc["headlines"]["vgg16_b128_vdnn_all_m_max_gb"]), tol_mem)
+    result["ok"] = (all(r["ok"] for r in rows) and fig6_result["ok"]
+                    and all(r["ok"] for r in result.get("headline", [])))
     return result
 
 
 def policy_rows_dyn(trace: Trace, hw: Hardware) -> dict[str, Any]:
     """vDNN_dyn alone (the deep VGGs): fits, GPU peak, pinned host memory, its choice."""
-    from .allocator import make_allocator
-    from .engine import simulate
-    from .policies import make_policy
+    from ..allocator import make_allocator
+    from ..engine import simulate
+    from ..policies import make_policy
 
     r = simulate(vdnn_semantics(trace), hw, make_policy("vdnn:mode=dyn"),
                  make_allocator("cnmem")).report
