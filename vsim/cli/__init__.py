@@ -21,9 +21,9 @@ from .record import add_compute_verbs, add_record_verbs
 from .search import add_search, format_search
 from .simulate import add_compare, add_run_inspect_list, format_comparison, format_reports
 from .sweep import add_sweep
-from .validate import add_validate_bench, format_paper, format_validation
+from .validate import add_validate_bench, format_validation
 
-__all__ = ["EXIT_BAD_INPUT", "build_parser", "format_comparison", "format_paper",
+__all__ = ["EXIT_BAD_INPUT", "build_parser", "format_comparison",
            "format_reports", "format_search", "format_validation", "main"]
 
 

@@ -173,70 +173,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _validate_papers(papers: list[Path], as_json: bool) -> int:
-    from ..paper import check
+    from ..paper import check, format_result
 
     results = [check(p, progress=None if as_json else progress) for p in papers]
     if as_json:
         emit_json(results[0] if len(results) == 1 else results)
     else:
-        print("\n\n".join(format_paper(r) for r in results))
+        print("\n\n".join(format_result(r) for r in results))
     return 0 if all(r["ok"] for r in results) else 1
-
-
-def _mib(b: float) -> str:
-    return f"{b / 2**20:.0f}"
-
-
-def format_paper(r: dict[str, Any]) -> str:
-    """The paper comparison as tables: Fig. 1/4, Fig. 6, the policies, the deep VGGs."""
-    lines = [f"{r['paper']} on {r['hardware']}", "",
-             "Fig. 1 and 4: baseline memory (MiB), vDNN's semantics, predicted / paper"]
-    lines.append(f"{'network':15} {'weights':>12} {'feature maps':>14} {'gradient maps':>14} "
-                 f"{'workspace':>12} {'total':>13} {'error':>7} {'(fig4 ws)':>9}  ok")
-    for row in r["fig1"]:
-        p, f = row["predicted"], row["paper_mib"]
-        lines.append(
-            f"{row['network']:15} {_mib(p['weights']):>6}/{f['weights']:<5} "
-            f"{_mib(p['feature_maps']):>7}/{f['feature_maps']:<6} "
-            f"{_mib(p['gradient_maps']):>7}/{f['gradient_maps']:<6} "
-            f"{_mib(p['workspace']):>6}/{f['workspace']:<5} "
-            f"{_mib(p['total']):>6}/{row['fig1_total_mib']:<6} {pct(row['error']):>7} "
-            f"{pct(row['error_with_fig4_workspace']):>9}  {'ok' if row['ok'] else 'MISS'}")
-    f6 = r["fig6"]
-    t = f6["totals"]
-    lines += ["", "Fig. 6: VGG-16(64) per-layer time (ms), predicted / paper"]
-    for row in f6["rows"]:
-        pf = "-" if row["paper_fwd_ms"] is None else row["paper_fwd_ms"]
-        pb = "-" if row["paper_bwd_ms"] is None else row["paper_bwd_ms"]
-        lines.append(f"  {row['layer']:7} fwd {row['fwd_ms']:7.1f} / {pf:>6}   bwd "
-                     f"{row['bwd_ms']:7.1f} / {pb:>6}")
-    lines.append(f"  total   fwd {t['fwd_ms']:7.1f} / {t['paper_fwd_ms']:6.1f}   bwd "
-                 f"{t['bwd_ms']:7.1f} / {t['paper_bwd_ms']:6.1f}   all {pct(f6['error'])} "
-                 f"{'ok' if f6['ok'] else 'MISS'}")
-    if "policies" in r:
-        lines += ["", "Predicted outcome of the paper's policies (cnmem at the card's capacity; "
-                  "base = network-wide allocation; throughput of the feature-extraction layers "
-                  "relative to base(p) on a GPU with room for it; fits* = also without "
-                  "fragmentation)"]
-        lines.append(f"{'network':15} {'policy':8} {'fits':>5} {'fits*':>5} {'peak GiB':>9} "
-                     f"{'avg GiB':>8} {'offload GiB':>11} {'throughput':>10}")
-        for net, rows in r["policies"].items():
-            for p in rows:
-                thr = "-" if p["feature_throughput"] is None else f"{p['feature_throughput']:.2f}"
-                lines.append(f"{net:15} {p['policy']:8} {'yes' if p['fits'] else 'no':>5} "
-                             f"{'yes' if p['fits_exact'] else 'no':>5} "
-                             f"{p['peak_bytes'] / 2**30:9.2f} {p['avg_bytes'] / 2**30:8.2f} "
-                             f"{p['offloaded_bytes'] / 2**30:11.2f} {thr:>10}")
-                for note in p["notes"]:
-                    lines.append(f"{'':25}{note}")
-                net = ""
-    if "deep" in r:
-        lines += ["", "vDNN_dyn on the very deep VGGs, batch 32 (GiB)"]
-        lines.append(f"{'network':12} {'baseline':>9} {'fits':>5} {'GPU peak':>9} "
-                     f"{'host pinned':>12}  choice")
-        for d in r["deep"]:
-            lines.append(f"{d['network']:12} {d['baseline_bytes'] / 2**30:9.2f} "
-                         f"{'yes' if d['fits'] else 'no':>5} {d['peak_bytes'] / 2**30:9.2f} "
-                         f"{d['pinned_host_bytes'] / 2**30:12.2f}  {d['choice']}")
-    return "\n".join(lines)
-
