@@ -1,0 +1,110 @@
+"""Add the validation corpus's cases to validation/suite.yaml (the index the measuring suite
+runs) and, for cases already measured, write validation/cases/ID.yaml.
+
+    python tools/make_corpus.py                 # print what would be added
+    python tools/make_corpus.py --write         # append new cases to validation/suite.yaml
+    python tools/make_corpus.py --cases         # write case files for measured results
+
+Per model (a trace in traces/ named MODEL-bBATCH-h100): no policy uncapped, and three caps that
+bind at 0.8 and 0.6 of the recorded peak allocated bytes (rounded down to 0.1 GiB), each with
+policies taken in turn from the built-in list, offset by the model's position so that every
+policy meets every family; the measured runs use PyTorch's default allocator (caching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vsim.trace.io import load_trace  # noqa: E402
+
+MODELS = {  # model: (batch, family)
+    "resnet101": (64, "resnet"), "wide_resnet50_2": (64, "resnet"),
+    "resnext50_32x4d": (64, "resnet"), "regnet_y_1_6gf": (64, "resnet"),
+    "densenet121": (64, "densenet"), "densenet169": (32, "densenet"),
+    "mobilenet_v2": (128, "mobile"), "mobilenet_v3_large": (128, "mobile"),
+    "efficientnet_b0": (64, "mobile"), "shufflenet_v2_x1_0": (128, "mobile"),
+    "squeezenet1_1": (128, "plain-cnn"), "vgg11_bn": (64, "plain-cnn"),
+    "convnext_tiny": (64, "convnext"), "vit_b_16": (32, "vision-transformer"),
+    "swin_t": (32, "vision-transformer"),
+}
+POLICIES = ["vdnn:mode=all", "vdnn:mode=conv", "vdnnpp", "superneurons", "layrub", "accudnn",
+            "hybrid", "recompute:strategy=sqrt", "recompute"]
+PER_CAP = {None: 2, 0.8: 3, 0.6: 3}
+
+
+def slug(policy: str) -> str:
+    return (policy.replace("vdnn:mode=", "vdnn-").replace("recompute:strategy=sqrt",
+            "recompute-sqrt").replace(":", "-").replace("=", "-").replace(",", "-"))
+
+
+def corpus_cases() -> list[dict]:
+    cases = []
+    k = 0
+    for i, (model, (batch, family)) in enumerate(MODELS.items()):
+        trace_path = f"traces/{model}-b{batch}-h100.vsim.json.gz"
+        trace = load_trace(ROOT / trace_path)
+        assert trace.measured is not None
+        peak = trace.measured.peak_allocated_bytes
+        base = {"model": model, "batch": batch, "trace": trace_path, "family": family}
+        cases.append({"id": f"{model}-b{batch}-none", **base, "policy": "none"})
+        for frac, n in PER_CAP.items():
+            memory = None if frac is None else f"{int(frac * peak / 2**30 * 10) / 10:.1f}GiB"
+            for _ in range(n):
+                policy = POLICIES[(k + i) % len(POLICIES)]
+                k += 1
+                cap = "" if memory is None else "-" + memory.replace(".", "p").replace(
+                    "GiB", "g")
+                case = {"id": f"{model}-b{batch}-{slug(policy)}{cap}", **base, "policy": policy}
+                if memory:
+                    case.update(memory=memory, warmup=2)
+                cases.append(case)
+    return cases
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--cases", action="store_true")
+    args = ap.parse_args()
+    suite_path = ROOT / "validation" / "suite.yaml"
+    doc = yaml.safe_load(suite_path.read_text())
+    have = {c["id"] for c in doc["cases"]}
+    new = [c for c in corpus_cases() if c["id"] not in have]
+    if args.write and new:
+        with suite_path.open("a") as f:
+            f.write(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"appended {len(new)} cases to {suite_path.relative_to(ROOT)}")
+    elif not args.cases:
+        print(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"{len(new)} new cases")
+    if args.cases:
+        n = 0
+        for c in yaml.safe_load(suite_path.read_text())["cases"]:
+            measured = ROOT / "validation" / "measured" / f"{c['id']}.json"
+            case_path = ROOT / "validation" / "cases" / f"{c['id']}.yaml"
+            if not measured.exists() or case_path.exists():
+                continue
+            case = {"id": c["id"], "trace": c["trace"], "hardware": "h100-sxm",
+                    "policy": c["policy"], "allocator": "caching"}
+            if c.get("memory"):
+                case["memory"] = c["memory"]
+            if c.get("family"):
+                case["family"] = c["family"]
+            case["measured"] = f"validation/measured/{c['id']}.json"
+            case["tolerance"] = {"iteration_time": "10%", "peak_allocated": "3%"}
+            case_path.write_text("# measured on the H100 machine; see validation/README.md "
+                                 "(corpus)\n" + yaml.safe_dump(case, sort_keys=False))
+            n += 1
+        print(f"wrote {n} case files")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
