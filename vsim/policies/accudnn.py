@@ -17,7 +17,7 @@ start, one H2D engine in need order), or later where the capacity does not allow
 checked by one simulated iteration and re-planned with a tighter budget if that runs out of
 memory.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ saved (Capuchin's memory saving per second), by its cheaper way. Swapped tensors
 time by the same timing model, or later where the capacity does not allow. The plan is checked by
 one simulated iteration and planned again with a tighter budget when that runs out of memory.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Approximated: the buffers are not a separate pool of fixed slots; their bound sh
 prefetch distance, and a forward allocation that does not fit waits for offloads in flight
 (Plan.wait_for_memory), as a layer waits for its buffer to drain.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations

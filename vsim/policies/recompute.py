@@ -29,7 +29,7 @@ A segment is only cut where its recomputation can read what it needs: every tens
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
 feature maps.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The plan is checked with one simulated iteration and re-planned against a tighte
 check runs out of memory (planning.fit_by_profiling): SuperNeurons' runtime decides evictions as
 allocations fail, which a static plan can only approximate.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Modes: all (offload every layer's X), conv (only CONV layers'), dyn (profiling r
 must fit at all; then no offload, vDNN_conv, vDNN_all with the fastest algorithms; then a greedy
 per-layer downgrade to the memory-optimal algorithm, vDNN_conv first, then vDNN_all; else
 vDNN_all(m)). algo=memory runs every convolution with its workspace-free algorithm (see
-algorithms.py for where those times come from).
+vsim/workspace_free.py for where those times come from).
 
 Mapping to a recorded trace: a layer is a run of ops of one module in one phase (layers.py), so
 "layer n's forward" spans its first to its last forward op. Where the search rule does not reach

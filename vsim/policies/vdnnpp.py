@@ -25,7 +25,7 @@ sparsity, and the compression's CPU time is unmeasured.
 Not modelled: vDNN++'s allocation-order and placement heuristics against fragmentation act on
 the allocator; with the exact allocator there is no fragmentation to cut.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
