@@ -156,18 +156,20 @@ def test_bad_efficiency_files_name_the_key(tmp_path, edit, message):
 
 
 def test_memory_optimal_times_come_from_the_model_when_the_gpu_is_known():
-    from vsim.policies.algorithms import MEMORY_ALGO_SLOWDOWN, memory_optimal_retimes
+    from vsim.workspace_free import MEMORY_ALGO_SLOWDOWN, memory_optimal_retimes
+    h100 = load_hardware("h100-sxm")
     conv = op(0, 0.0, 100.0, layer_type="conv", name="aten::conv2d", flops=0.0)
     # no GPU named: the flat estimate
-    retimes, notes = memory_optimal_retimes(trace([conv], []))
+    retimes, notes = memory_optimal_retimes(trace([conv], []), h100)
     assert retimes[0].dur_us == 100.0 * MEMORY_ALGO_SLOWDOWN and "estimated" in notes[0]
     # on the H100 profile, an fp32 convolution without flops is taken as compute-bound: (p)
     # at the fitted conv_fwd fraction of the fp32 peak, (m) at implicit_gemm's
     eff = compute.load_efficiencies(load_hardware("h100-sxm"))
-    retimes, notes = memory_optimal_retimes(trace([conv], [], hardware="h100-sxm"))
+    retimes, notes = memory_optimal_retimes(trace([conv], [], hardware="h100-sxm"), h100)
     ratio = eff.classes["conv_fwd"].compute / eff.implicit_gemm
     assert retimes[0].dur_us == pytest.approx(100.0 * max(1.0, ratio))
     assert retimes[0].workspace_bytes == 0 and "modelled" in notes[0]
     # a time already in the trace (recorded, or written by retargeting) wins
     timed = dataclasses.replace(conv, attrs=(("dur_us_memory_algo", 250.0),))
-    assert memory_optimal_retimes(trace([timed], [], hardware="h100-sxm"))[0][0].dur_us == 250.0
+    assert memory_optimal_retimes(trace([timed], [], hardware="h100-sxm"), h100)[0][0].dur_us \
+        == 250.0

@@ -21,6 +21,7 @@ fc 2, loss 0.5 ms forward.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -29,11 +30,10 @@ from hypothesis import strategies as st
 from netbuilder import torch_net
 
 from vsim.allocator import make_allocator
-from vsim.engine import simulate
+from vsim.engine import run_plan, simulate
 from vsim.errors import PolicyError
 from vsim.hardware import load_hardware
-from vsim.policies import make_policy, registry
-from vsim.policies.base import (
+from vsim.plan import (
     Drop,
     Offload,
     Plan,
@@ -43,8 +43,11 @@ from vsim.policies.base import (
     Retime,
     Sync,
 )
+from vsim.policies import make_policy, registry
+from vsim.policies.base import example_specs
+from vsim.policies.fitted import fit_by_profiling
 from vsim.policies.layers import TraceView
-from vsim.policies.planning import Usage, algorithm_retimes, fit_by_profiling
+from vsim.policies.planning import Usage, algorithm_retimes
 
 M = 1_000_000
 NET = torch_net(
@@ -351,16 +354,26 @@ def test_recompute_optimal_is_free_when_it_fits_and_cheapest_that_fits_otherwise
 
 # ---------------------------------------------------------------- every policy
 
-SPECS = ["vdnn:mode=all", "vdnn:mode=conv", "vdnn:mode=dyn", "vdnnpp", "superneurons", "layrub",
-         "accudnn", "recompute:strategy=sqrt", "recompute:strategy=optimal", "hybrid"]
+# Every registered policy, at its defaults and its examples (found through the registry: a new
+# policy is tested here without being listed), but the baselines, which move nothing.
+ALL_SPECS = [s for _, cls in sorted(registry().items()) for s in example_specs(cls)]
+BASELINES = ("none", "plan")
+SPECS = [s for s in ALL_SPECS if s.split(":")[0] not in BASELINES]
+# every-k ignores the capacity: with k=3 one segment holds both 400 MB convolutions' maps.
+NOT_EXPECTED_TO_FIT = {"recompute:strategy=every-k,k=3,algo=auto"}
 # vDNN's rule fetches y0 back during pool4's backward, where PyTorch holds two 400 MB gradient
 # maps besides y2: it needs 1660 MB. The others fit 1400 MB.
-CAPACITY = {"vdnn:mode=all": 1700 * M, "vdnn:mode=conv": 1700 * M, "vdnn:mode=dyn": 1700 * M}
+CAPACITY = {"vdnn": 1700 * M}
 
 
-@pytest.mark.parametrize("spec", SPECS)
+def test_the_registry_yields_every_policy_and_its_examples():
+    assert {s.split(":")[0] for s in SPECS} == set(registry()) - set(BASELINES)
+    assert "vdnn:mode=dyn,algo=performance" in SPECS and len(SPECS) > len(registry())
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s not in NOT_EXPECTED_TO_FIT])
 def test_policy_fits_where_none_does_not_and_lowers_the_peak(spec):
-    capacity = CAPACITY.get(spec, 1400 * M)
+    capacity = CAPACITY.get(spec.split(":")[0], 1400 * M)
     assert not run("none", capacity)["fits"]
     r = run(spec, capacity)
     assert r["fits"], r["oom"]
@@ -375,10 +388,29 @@ def test_every_policy_is_a_frozen_dataclass_with_defaults_and_a_pure_plan(name):
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.x = 1  # type: ignore[attr-defined]
     assert all(f.default is not dataclasses.MISSING for f in dataclasses.fields(cls))
-    # pure: the same inputs give the same plan, and the trace is untouched
-    before = NET
+    # pure: the same inputs give the same plan, and neither the trace nor the hardware is
+    # changed (compared with deep copies taken before planning)
+    trace_before, hw_before = copy.deepcopy(NET), copy.deepcopy(HW)
     assert policy.plan(NET, HW, 1400 * M) == policy.plan(NET, HW, 1400 * M)
-    assert NET == before
+    assert NET == trace_before and NET is not trace_before
+    assert HW == hw_before
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if registry()[s.split(":")[0]].capacity_aware]
+                         + ["vdnn:mode=dyn"])
+def test_profiling_runs_go_through_the_run_plan_the_policy_is_given(spec):
+    # A policy that checks its plan does it through the run_plan it is given (the engine's in
+    # simulate()): a counting wrapper sees every profiling run, and the plan is the same as
+    # with the engine's own.
+    calls = []
+
+    def counting(trace, hw, plan, allocator, capacity_bytes=None):
+        calls.append(plan)
+        return run_plan(trace, hw, plan, allocator, capacity_bytes)
+
+    policy = make_policy(spec)
+    assert policy.plan_with(NET, HW, 1400 * M, counting) == policy.plan(NET, HW, 1400 * M)
+    assert calls, f"{spec} made no profiling run"
 
 
 def test_policy_specs_round_trip_and_reject_unknown_keys():
@@ -415,8 +447,7 @@ def networks(draw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(net=networks(), spec=st.sampled_from(SPECS + ["superneurons:recompute=memory",
-                                                     "recompute:strategy=every-k,k=1"]),
+@given(net=networks(), spec=st.sampled_from(ALL_SPECS + ["recompute:strategy=every-k,k=1"]),
        fraction=st.floats(0.5, 1.1))
 def test_any_plan_runs_and_respects_the_capacity_when_it_fits(net, spec, fraction):
     # Whatever the network and capacity, a policy's plan never makes an op read a tensor that is
@@ -446,11 +477,11 @@ def test_algo_auto_downgrades_only_the_convolution_that_cannot_fit_its_workspace
     #   conv0: input 100 + y0 400 + 1000 = 1540;  conv2: y0 400 + y2 400 + 1000 = 1840 > 1700;
     #   conv5: p 100 + y5 200 + 1000 = 1340.   So only conv2's forward (op 2) is downgraded.
     view = TraceView(WIDE)
-    retimes, notes = algorithm_retimes(WIDE, view, "auto", 1700 * M)
+    retimes, notes = algorithm_retimes(WIDE, HW, view, "auto", 1700 * M)
     assert [r.op for r in retimes] == [2] and retimes[0].workspace_bytes == 0
     assert "conv2 fwd" in notes[0]
-    assert algorithm_retimes(WIDE, view, "performance", 1700 * M) == ([], [])
-    assert len(algorithm_retimes(WIDE, view, "memory", 1700 * M)[0]) == 6
+    assert algorithm_retimes(WIDE, HW, view, "performance", 1700 * M) == ([], [])
+    assert len(algorithm_retimes(WIDE, HW, view, "memory", 1700 * M)[0]) == 6
     # With the recorded algorithm nothing fits (conv2's forward); with auto it does.
     assert not run("accudnn:algo=performance", 1700 * M, WIDE)["fits"]
     r = run("accudnn", 1700 * M, WIDE)
@@ -466,5 +497,5 @@ def test_profiling_run_downgrades_the_convolution_whose_workspace_it_could_not_a
     def build(budget, forced):
         return Plan(actions=tuple(Retime(o, 1.0, 0) for o in sorted(forced)))
 
-    p, notes = fit_by_profiling(WIDE, HW, 1800 * M, build)
+    p, notes = fit_by_profiling(run_plan, WIDE, HW, 1800 * M, build)
     assert p.actions == (Retime(2, 1.0, 0), Retime(5, 1.0, 0)) and notes == []

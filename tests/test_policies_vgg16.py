@@ -14,7 +14,7 @@ import pytest
 from vsim.allocator import make_allocator
 from vsim.engine import simulate
 from vsim.hardware import load_hardware
-from vsim.policies import make_policy
+from vsim.policies import make_policy, registry
 from vsim.trace.io import load_trace
 
 TRACE = Path(__file__).resolve().parent.parent / "traces" / "vgg16-b256-h100.vsim.json.gz"
@@ -43,8 +43,7 @@ def test_none_does_not_fit(trace):
     assert not r["fits"] and r["oom"] is not None
 
 
-@pytest.mark.parametrize("spec", ["vdnnpp", "superneurons", "layrub", "accudnn", "recompute",
-                                  "hybrid"])
+@pytest.mark.parametrize("spec", sorted(n for n, c in registry().items() if c.capacity_aware))
 def test_capacity_aware_policies_fit_under_12_gib(trace, spec):
     r = run(trace, spec)
     assert r["fits"], r["oom"]

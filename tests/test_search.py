@@ -26,12 +26,12 @@ from netbuilder import torch_net
 
 from vsim.allocator import make_allocator
 from vsim.cli import main
-from vsim.engine import simulate
+from vsim.engine import run_plan, simulate
 from vsim.errors import ConfigError, PolicyError
 from vsim.hardware import load_hardware, parse_hardware
+from vsim.plan import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
 from vsim.plan_io import SavedPlan, load_plan, plan_from_json, save_plan, trace_digest
 from vsim.policies import make_policy
-from vsim.policies.base import Drop, Offload, Plan, Prefetch, Recompute, Release, Retime, Sync
 from vsim.search import Genome, Problem, lower_bound, search
 from vsim.search.run import builtin_specs, run_builtins
 from vsim.trace import save_trace
@@ -123,7 +123,7 @@ def test_search_fits_where_a_policy_fits_never_worse_than_its_greedy_start(capac
     r = search(NET, H100, capacity, EXACT, seed=1, budget_s=60, kicks=1)
     assert r.greedy_outcome.fits and r.outcome.fits
     assert r.outcome.time_us <= r.greedy_outcome.time_us
-    report = simulate(NET, H100, _given(r.plan), EXACT, capacity).report
+    report = run_plan(NET, H100, r.plan, EXACT, capacity).report
     assert report["fits"] and report["peak_allocated_bytes"] <= capacity
     assert report["iteration_time_us"] == pytest.approx(r.outcome.time_us)
     assert r.outcome.time_us <= min(fitting) + 1e-6
@@ -155,9 +155,11 @@ def test_search_is_deterministic_for_a_seed():
     assert a.genome == b.genome and a.plan == b.plan and a.evaluations == b.evaluations
 
 
-def _given(plan):
-    from vsim.policies.planning import _Given
-    return _Given(plan)
+def test_builtins_are_every_registered_policy_and_its_examples():
+    from vsim.policies import registry
+    specs = builtin_specs()
+    assert {s.split(":")[0] for s in specs} == set(registry()) - {"plan"}
+    assert "vdnn:mode=dyn,algo=performance" in specs and len(specs) == len(set(specs))
 
 
 # ---------------------------------------------------------------- plan files
@@ -281,7 +283,7 @@ def test_genome_edits():
 def test_local_search_from_a_built_in_plan_is_never_worse_than_that_plan():
     capacity = 1300 * M
     accudnn = make_policy("accudnn").plan(NET, H100, capacity)
-    t_accudnn = simulate(NET, H100, _given(accudnn), EXACT, capacity).report["iteration_time_us"]
+    t_accudnn = run_plan(NET, H100, accudnn, EXACT, capacity).report["iteration_time_us"]
     r = search(NET, H100, capacity, EXACT, budget_s=60, kicks=0,
                starts=lambda: [("accudnn", accudnn)])
     assert r.outcome.fits and r.outcome.time_us <= t_accudnn

@@ -23,7 +23,7 @@ from typing import Any
 import simpy
 
 from .allocator import make_allocator
-from .engine import simulate
+from .engine import run_plan, simulate
 from .errors import ConfigError
 from .hardware import load_hardware
 from .policies import make_policy
@@ -58,15 +58,13 @@ def simpy_events_per_s(n_events: int = 200_000, repeats: int = 3) -> float:
 def count_events(trace: Trace, hw_name: str, policy: str, capacity: int | None
                  ) -> tuple[int, int]:
     """(simulated events, SimPy events scheduled) of one run."""
-    from .engine.simulator import Engine
-
     hw = load_hardware(hw_name)
     cap = hw.capacity_bytes if capacity is None else capacity
-    plan = make_policy(policy).plan(trace, hw, cap)
-    engine = Engine(trace, hw, plan, make_allocator("exact").build(cap))
-    out = engine.run()
+    plan = make_policy(policy).plan_with(trace, hw, cap, run_plan)
+    result = run_plan(trace, hw, plan, make_allocator("exact"), cap)
+    out = result.output
     simulated = 2 * len(out.executed) + 2 * len(out.copies) + len(out.memory.events)
-    return simulated, next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event)
+    return simulated, result.simpy_events
 
 
 def simulate_seconds(trace: Trace, hw_name: str, policy: str, capacity: int | None,

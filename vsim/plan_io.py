@@ -8,7 +8,7 @@
                            "release_after": 2}, ...]},
      "search": {...what the search found, for the record}}
 
-Actions are those of vsim.policies.base, one object each with an `action` tag (offload,
+Actions are those of vsim.plan, one object each with an `action` tag (offload,
 prefetch, sync, drop, recompute, release, retime) and the dataclass's fields.
 
 **Which trace a plan belongs to.** `trace.digest` is a SHA-256 of the trace *as planned*: its
@@ -37,7 +37,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .fileio import write_atomic
-from .policies.base import (
+from .plan import (
     Action,
     Drop,
     Offload,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..policies.base import describe, parse_spec
+from ..spec import describe, parse_spec
 
 
 class Allocator:

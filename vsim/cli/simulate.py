@@ -221,7 +221,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from ..allocator.base import allocator_registry, describe_allocator
     from ..hardware import list_hardware, load_hardware
     from ..policies import registry
-    from ..policies.base import describe
+    from ..spec import describe
 
     hardware = []
     for name, path in list_hardware().items():

@@ -1,5 +1,10 @@
 """Run a simulation: trace + hardware + policy + allocator + capacity -> report and predicted trace.
 
+The public API: `run_plan(trace, hw, plan, allocator, capacity_bytes)` runs a ready plan;
+`simulate(trace, hw, policy, ...)` is the policy's plan (made with `run_plan` at hand for its
+profiling runs: `policy.plan_with`) then `run_plan`. The engine knows plans (vsim.plan), not
+policies: a policy is anything with `plan_with()` and `spec()` (vsim.plan.Planner).
+
 A simulation is a pure function of its inputs: the same inputs give byte-identical reports and
 predicted traces.
 """
@@ -16,33 +21,74 @@ from ..allocator.base import Allocator, AllocatorSpec
 from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
-from ..policies.base import Plan, Policy, Retime
+from ..plan import Plan, Planner, Retime
 from ..trace.schema import MemEvent, Op, Tensor, Trace
+from ..workspace_free import memory_optimal_retimes
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
-__all__ = ["PlanError", "SimResult", "simulate"]
+__all__ = ["PlanError", "SimResult", "run_plan", "simulate"]
 
 
 class SimResult:
-    """A simulation's report, and its predicted trace, built on first use: sweeps and searches
-    need only the report, and building the trace (an Op and a MemEvent per event) costs about
-    as much as the run itself."""
+    """A simulation's report, and its predicted trace, built on first use: sweeps need only the
+    report, the search only the engine's `output`, and building the trace (an Op and a MemEvent
+    per event) costs about as much as the run itself. `simpy_events`: the SimPy events the
+    reported iteration scheduled (vsim bench's measure of the engine's overhead)."""
 
-    def __init__(self, report: dict[str, Any], trace: Trace, hw: Hardware, policy: Policy,
-                 allocator: AllocatorSpec, capacity: int, out: EngineOutput) -> None:
-        self.report = report
+    def __init__(self, trace: Trace, hw: Hardware, plan: Plan, policy: str,
+                 allocator: AllocatorSpec, capacity: int, out: EngineOutput,
+                 simpy_events: int) -> None:
+        self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
+        self.simpy_events = simpy_events
+        self._plan = plan
         self._inputs = (trace, hw, policy, allocator, capacity, out)
+
+    @functools.cached_property
+    def report(self) -> dict[str, Any]:
+        """The `vsim run --json` report (one dict: changes to it stay)."""
+        trace, hw, policy, allocator, capacity, out = self._inputs
+        report = run_metrics(trace, out)
+        report.update({
+            "pinned_host_peak_bytes": max(out.memory.host_peak_bytes,
+                                          self._plan.pinned_pool_bytes),
+            "fits": out.oom is None,
+            "oom": None if out.oom is None else out.oom.to_json(),
+            "policy": policy,
+            "allocator": allocator_spec_string(allocator),
+            "hardware": hw.name,
+            "capacity_bytes": capacity,
+            "retargeted_from": trace.meta.get("retargeted_from"),
+            "notes": out.notes,
+            "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},
+            "measured": None if trace.measured is None else {
+                "iteration_time_us": trace.measured.iteration_time_us,
+                "peak_allocated_bytes": trace.measured.peak_allocated_bytes,
+                "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
+        })
+        return report
 
     @functools.cached_property
     def predicted(self) -> Trace:
         return _predicted_trace(*self._inputs)
 
 
-def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
+def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None) -> SimResult:
-    """Simulate one iteration. `capacity_bytes` defaults to what the GPU leaves a process.
-    ConfigError when the capacity is impossible; out of memory is a result (fits false).
+    """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
+    at hand for its profiling runs."""
+    capacity = _capacity(hw, capacity_bytes)
+    plan = policy.plan_with(trace, hw, capacity, run_plan)
+    return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
+                    workspace_fallback=workspace_fallback, label=policy.spec())
+
+
+def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
+             capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
+             workspace_fallback: bool | None = None, label: str = "plan") -> SimResult:
+    """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
+    a process. ConfigError when the capacity is impossible; out of memory is a result (fits
+    false). `label` is the report's (and the predicted trace's) `policy`.
 
     `first_iteration`: a training process's first iteration runs first, on the same allocator:
     momentum and cuBLAS workspaces are created at first use there (vsim.allocator.first_use),
@@ -50,7 +96,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
     from, as in a real run. Out of memory in the first iteration is the run's result.
 
     `workspace_fallback`: a convolution whose workspace cannot be allocated runs without one, at
-    its workspace-free algorithm's time (vsim.policies.algorithms), instead of ending the run
+    its workspace-free algorithm's time on `hw` (vsim.workspace_free), instead of ending the run
     out of memory, as PyTorch falls back to another cuDNN engine; after a first iteration the
     convolutions that fell back there keep that algorithm, as PyTorch caches the engine.
 
@@ -58,35 +104,23 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
     vDNN paper's framework on cnmem has neither). On the validation suite they take fits right
     from 68 to 69 of 70 and the time MAPE from 10.3% to 9.3% (docs/design.md, allocators).
     """
-    capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
-    if capacity <= 0:
-        raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
-    plan = policy.plan(trace, hw, capacity)
+    capacity = _capacity(hw, capacity_bytes)
     memory = allocator.build(capacity)
     if first_iteration is None:
         first_iteration = allocator.pytorch_runtime
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
-    fallback = _WorkspaceFree(trace, plan) if workspace_fallback else None
-    out = _run_engine(trace, hw, plan, memory, first_iteration, fallback)
-    report = run_metrics(trace, out)
-    report.update({
-        "pinned_host_peak_bytes": max(out.memory.host_peak_bytes, plan.pinned_pool_bytes),
-        "fits": out.oom is None,
-        "oom": None if out.oom is None else out.oom.to_json(),
-        "policy": policy.spec(),
-        "allocator": allocator_spec_string(allocator),
-        "hardware": hw.name,
-        "capacity_bytes": capacity,
-        "retargeted_from": trace.meta.get("retargeted_from"),
-        "notes": out.notes,
-        "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},
-        "measured": None if trace.measured is None else {
-            "iteration_time_us": trace.measured.iteration_time_us,
-            "peak_allocated_bytes": trace.measured.peak_allocated_bytes,
-            "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
-    })
-    return SimResult(report, trace, hw, policy, allocator, capacity, out)
+    fallback = _WorkspaceFree(trace, hw, plan) if workspace_fallback else None
+    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback)
+    simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
+    return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)
+
+
+def _capacity(hw: Hardware, capacity_bytes: int | None) -> int:
+    capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
+    if capacity <= 0:
+        raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
+    return capacity
 
 
 FALLBACK = "workspace fallback"
@@ -97,15 +131,13 @@ class _WorkspaceFree(Mapping[int, Retime]):
     Computed on first lookup: most runs never fall back, and the table costs a pass of the
     compute model over the trace (about a tenth of a run)."""
 
-    def __init__(self, trace: Trace, plan: Plan) -> None:
-        self._trace, self._plan = trace, plan
+    def __init__(self, trace: Trace, hw: Hardware, plan: Plan) -> None:
+        self._trace, self._hw, self._plan = trace, hw, plan
 
     @functools.cached_property
     def _table(self) -> dict[int, Retime]:
-        from ..policies.algorithms import memory_optimal_retimes
-
         planned = {a.op for a in self._plan.actions if isinstance(a, Retime)}
-        retimes, _ = memory_optimal_retimes(self._trace)
+        retimes, _ = memory_optimal_retimes(self._trace, self._hw)
         return {r.op: dataclasses.replace(r, note=FALLBACK) for r in retimes
                 if r.op not in planned}
 
@@ -120,8 +152,10 @@ class _WorkspaceFree(Mapping[int, Retime]):
 
 
 def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
-                first_iteration: bool, fallback: Mapping[int, Retime] | None) -> EngineOutput:
-    """The reported iteration, after the first one when `first_iteration` (see simulate)."""
+                first_iteration: bool, fallback: Mapping[int, Retime] | None
+                ) -> tuple[EngineOutput, Engine]:
+    """The reported iteration, after the first one when `first_iteration` (see run_plan), and
+    the engine that ran it."""
     resident = None
     if first_iteration:
         first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
@@ -130,7 +164,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         if out.oom is not None:
             out.notes.append("out of memory in the first iteration, which creates momentum and "
                              "cuBLAS workspaces at first use (the steady iteration not run)")
-            return out
+            return out, first
         resident = first.resident_left()
         if first.fell_back and fallback is not None:  # the engines PyTorch cached stay
             plan = dataclasses.replace(plan, actions=plan.actions + tuple(
@@ -146,7 +180,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without their "
                          f"workspace, at the workspace-free algorithm's time (ops "
                          f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
-    return out
+    return out, engine
 
 
 def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
@@ -188,7 +222,7 @@ def allocator_spec_string(spec: AllocatorSpec) -> str:
     return f"{spec.name}:{params}" if params else spec.name
 
 
-def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpec,
+def _predicted_trace(trace: Trace, hw: Hardware, policy: str, allocator: AllocatorSpec,
                      capacity: int, out: EngineOutput) -> Trace:
     """Ops renumbered in execution order (recomputations get their own ids), original tensors
     with producers and consumers mapped to the new ids, copies and allocator events as run."""
@@ -227,7 +261,7 @@ def _predicted_trace(trace: Trace, hw: Hardware, policy: Policy, allocator: Allo
         for t in trace.tensors if t.producer is None or t.producer in ran)
     meta = dict(trace.meta)
     meta.update({"source": "predicted", "predicted_from": trace.meta.get("source"),
-                 "policy": policy.spec(), "allocator": allocator_spec_string(allocator),
+                 "policy": policy, "allocator": allocator_spec_string(allocator),
                  "hardware": hw.name, "capacity_bytes": capacity,
                  "stream_names": {**trace.meta.get("stream_names", {}),
                                   "0": "compute", str(H2D_STREAM): "H2D copies",

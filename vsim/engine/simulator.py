@@ -19,7 +19,7 @@ import simpy
 
 from ..allocator.base import Allocator
 from ..hardware import Hardware
-from ..policies.base import Offload, Plan, PlanIndex, Prefetch, Recompute, Retime
+from ..plan import Offload, Plan, PlanIndex, Prefetch, Recompute, Retime
 from ..trace.schema import Copy, Op, Tensor, Trace
 from .link import Link
 from .memory import (

@@ -17,44 +17,32 @@ start, one H2D engine in need order), or later where the capacity does not allow
 checked by one simulated iteration and re-planned with a tighter budget if that runs out of
 memory.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Plan, Policy, choice, register
-from .layers import TraceView
-from .planning import (
-    Evictions,
-    Usage,
-    algorithm_retimes,
-    fit_with_notes,
-    free_time_us,
-    jit_prefetch_slots,
-)
+from ..plan import Plan
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
+from .planning import free_time_us, jit_prefetch_slots
 
 
 @register
 @dataclass(frozen=True)
-class AccUDNN(Policy):
+class AccUDNN(FittedPolicy):
     name = "accudnn"
     description = ("AccUDNN: a performance model swaps the feature maps whose transfers hide "
                    "under compute, until the capacity is met")
     algo: str = choice("auto", "performance", "memory")
+    examples = ("accudnn:algo=memory",)
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return fit_with_notes(trace, hw, capacity_bytes,
-                              lambda b, f: self._plan(trace, hw, b, f))
-
-    def _plan(self, trace: Trace, hw: Hardware, budget: int,
-              forced: frozenset[int] = frozenset()) -> Plan:
-        view = TraceView(trace)
-        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        ev = Evictions(view, hw, Usage(view, retimes), budget, blocking=True)
+    def plan_for(self, a: Attempt) -> Plan:
+        view, budget = a.view, a.budget
+        ev = a.evictions(blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         ft = {t: free_time_us(ev, t) for t in candidates}
         hidden, best_cost = 0, 0.0
@@ -83,5 +71,5 @@ class AccUDNN(Policy):
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to swap there")
-        return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
+        return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)

@@ -17,24 +17,22 @@ saved (Capuchin's memory saving per second), by its cheaper way. Swapped tensors
 time by the same timing model, or later where the capacity does not allow. The plan is checked by
 one simulated iteration and planned again with a tighter budget when that runs out of memory.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Plan, Policy, choice, register
+from ..plan import Plan
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
 from .planning import (
     Evictions,
-    Usage,
-    algorithm_retimes,
     alive_in_trace,
     chain_inputs,
-    fit_with_notes,
     free_time_us,
     jit_prefetch_slots,
     recompute_chain,
@@ -43,21 +41,16 @@ from .planning import (
 
 @register
 @dataclass(frozen=True)
-class Hybrid(Policy):
+class Hybrid(FittedPolicy):
     name = "hybrid"
     description = ("Capuchin-style: evict feature maps under memory pressure by swap or "
                    "recomputation, whichever costs less for that tensor")
     algo: str = choice("auto", "performance", "memory")
+    examples = ("hybrid:algo=memory",)
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return fit_with_notes(trace, hw, capacity_bytes,
-                              lambda b, f: self._plan(trace, hw, b, f))
-
-    def _plan(self, trace: Trace, hw: Hardware, budget: int,
-              forced: frozenset[int] = frozenset()) -> Plan:
-        view = TraceView(trace)
-        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        ev = Evictions(view, hw, Usage(view, retimes), budget, blocking=True)
+    def plan_for(self, a: Attempt) -> Plan:
+        view, budget = a.view, a.budget
+        ev = a.evictions(blocking=True)
         cands = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         tl = ev.timeline
 
@@ -112,7 +105,7 @@ class Hybrid(Policy):
         if (x := ev.usage.over(budget)) is not None:
             notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
                          f"{view.ops[x // 2].id}: nothing left to evict there")
-        return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
+        return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)
 
     @staticmethod

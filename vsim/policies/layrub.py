@@ -19,51 +19,38 @@ Approximated: the buffers are not a separate pool of fixed slots; their bound sh
 prefetch distance, and a forward allocation that does not fit waits for offloads in flight
 (Plan.wait_for_memory), as a layer waits for its buffer to drain.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Plan, Policy, choice, register
-from .layers import TraceView
-from .planning import (
-    Evictions,
-    Usage,
-    algorithm_retimes,
-    apply_releases,
-    fit_with_notes,
-    liveness_releases,
-)
+from ..plan import Plan
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
+from .planning import liveness_releases
 
 
 @register
 @dataclass(frozen=True)
-class Layrub(Policy):
+class Layrub(FittedPolicy):
     name = "layrub"
     description = ("Layrub: release after last use, migrate every layer's feature maps to the host "
                    "after the forward, fetch them back `buffers` layers ahead")
     buffers: int = 2
     algo: str = choice("auto", "performance", "memory")
+    examples = ("layrub:buffers=1", "layrub:buffers=4")
 
     def __post_init__(self) -> None:
         if self.buffers < 1:
             raise ValueError(f"buffers must be at least 1, got {self.buffers}")
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return fit_with_notes(trace, hw, capacity_bytes,
-                              lambda b, f: self._plan(trace, hw, b, f))
-
-    def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
-        view = TraceView(trace)
+    def plan_for(self, a: Attempt) -> Plan:
+        view = a.view
         releases = liveness_releases(view)
-        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        usage = Usage(view, retimes)
-        apply_releases(usage, view, releases)
-        ev = Evictions(view, hw, usage, budget)
+        ev = a.evictions(a.usage(releases))
         bwd_pos = {lay.first: j for j, lay in enumerate(view.bwd)}
         kept = 0
         ahead_of: dict[int, int] = {}
@@ -79,9 +66,10 @@ class Layrub(Policy):
                 continue
             ahead_of[t] = ahead
             ev.add_swap(t, s, update=False)
-        ev.usage = ev._usage()
+        ev.refresh()
         ev.place_prefetches(lambda s: view.start(ahead_of[s.tensor]))
         notes = [f"layrub: {kept} feature map(s) needed again within {self.buffers} layer(s) "
                  f"stay on the device"] if kept else []
-        return Plan(actions=(*releases, *ev.actions(), *retimes), notes=(*notes, *rnotes),
+        return Plan(actions=(*releases, *ev.actions(), *a.retimes),
+                    notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..hardware import Hardware
+from ..plan import Plan
+from ..spec import choice
 from ..trace.schema import Trace
-from .algorithms import memory_optimal_retimes
-from .base import Plan, Policy, choice, register
+from ..workspace_free import memory_optimal_retimes
+from .base import Policy, register
 
 
 @register
@@ -16,9 +18,10 @@ class NoOffload(Policy):
     name = "none"
     description = "no offload: every tensor stays on the GPU (vDNN base(p)/base(m))"
     algo: str = choice("performance", "memory")
+    examples = ("none:algo=memory",)
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
         if self.algo == "performance":
             return Plan()
-        retimes, notes = memory_optimal_retimes(trace)
+        retimes, notes = memory_optimal_retimes(trace, hw)
         return Plan(actions=tuple(retimes), notes=tuple(notes))

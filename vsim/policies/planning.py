@@ -5,27 +5,26 @@ and a check of a plan against the engine.
 The static profile is what the policies reason with (like the papers' profiling passes): bytes on
 the device in every slot (see layers.py), from the trace's allocations and frees, with the device
 copies that a plan removes taken out. It ignores copies still in flight, which is why the
-policies that need a guarantee check their plan with `check()` (one simulated iteration, the
-profiling run of Capuchin or vDNN_dyn) and tighten their budget when it fails.
+policies that need a guarantee check their plan with `fitted.check()` (one simulated iteration, the
+profiling run of Capuchin or vDNN_dyn: policies.fitted) and tighten their budget when it fails.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..hardware import Hardware
+from ..plan import Action, Drop, Offload, Prefetch, Recompute, Release, Retime
 from ..trace.schema import Trace
-from .algorithms import SLOWDOWN_NOTE, memory_optimal_retimes
-from .base import Action, Drop, Offload, Plan, Policy, Prefetch, Recompute, Release, Retime
+from ..workspace_free import SLOWDOWN_NOTE, memory_optimal_retimes
 from .layers import TraceView
 
 
-def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
+def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, budget: int,
                       forced: frozenset[int] = frozenset()) -> tuple[list[Retime], list[str]]:
     """Convolution algorithms for algo=performance (as recorded), memory (every convolution
     without workspace, vDNN's (m)) or auto: only the convolutions whose working set cannot fit
@@ -37,7 +36,7 @@ def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
     (whose workspace a profiling run could not allocate) are downgraded too."""
     if algo == "performance":
         return [], []
-    retimes, notes = memory_optimal_retimes(trace)
+    retimes, notes = memory_optimal_retimes(trace, hw)
     if algo == "memory":
         return retimes, notes
     usage = Usage(view)
@@ -57,6 +56,8 @@ def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
     names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
     how = {n: sum(r.note == n for r in keep) for n in ("measured", "modelled", "estimated")}
     times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
+    # The note names algorithms.py (now vsim/workspace_free.py): kept word for word, as reports
+    # are held byte-identical across refactorings (tools/golden_reports.py).
     out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
            f"would not fit otherwise: {names} (their times: {times}; see algorithms.py)"]
     if how["estimated"]:
@@ -83,6 +84,12 @@ class Usage:
             delta[lo] += ten.size_bytes
             delta[hi] -= ten.size_bytes
         self.bytes = np.cumsum(delta)[:n]
+
+    def copy(self) -> Usage:
+        """An independent copy (the profile's bytes copied, the view shared)."""
+        u = Usage.__new__(Usage)
+        u.view, u.bytes = self.view, self.bytes.copy()
+        return u
 
     def remove(self, size: int, lo: int, hi: int) -> None:
         if hi > lo:
@@ -246,74 +253,6 @@ def host_pool_bytes(view: TraceView, swaps: Iterable[Swap]) -> int:
     return int(np.cumsum(delta).max()) if len(delta) else 0
 
 
-@dataclass(frozen=True)
-class _Given(Policy):
-    """Wraps a ready plan so that the engine can run it (profiling runs inside plan())."""
-
-    name = "given"
-    given: Plan = Plan()
-
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return self.given
-
-
-def check(trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int) -> dict[str, object]:
-    """Run one simulated iteration of `plan` with the exact allocator (a profiling run): the
-    report of vsim.engine.simulate."""
-    from ..allocator import make_allocator  # the engine imports policies: import late
-    from ..engine import simulate
-    return simulate(trace, hw, _Given(plan), make_allocator("exact"), capacity_bytes).report
-
-
-def fit_with_notes(trace: Trace, hw: Hardware, capacity_bytes: int,
-                   build: Callable[[int, frozenset[int]], Plan]) -> Plan:
-    """fit_by_profiling's plan with the profiling notes after the plan's own."""
-    plan, notes = fit_by_profiling(trace, hw, capacity_bytes, build)
-    return dataclasses.replace(plan, notes=(*plan.notes, *notes))
-
-
-def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,
-                     build: Callable[[int, frozenset[int]], Plan], tries: int = 8
-                     ) -> tuple[Plan, list[str]]:
-    """Plan for a budget, run it once, and when the run does not fit, plan again: if what could
-    not be allocated is a convolution's workspace, or the run stopped at a convolution that
-    would allocate one, with that convolution also run without workspace (`build`'s second
-    argument: the ops to downgrade, which a policy honours under algo=auto, as cuDNN frameworks
-    fall back when a workspace allocation fails); otherwise for a budget lowered by what the
-    failed request lacked (at least 1% of the capacity).
-    Deterministic. Returns the first plan that fits, or the first one tried, with notes."""
-    budget = capacity_bytes
-    forced: frozenset[int] = frozenset()
-    first = plan = build(budget, forced)
-    tensors = trace.tensor_by_id()
-    ops = {o.id: o for o in trace.ops}
-    i = 0
-    for i in range(tries):
-        report = check(trace, hw, plan, capacity_bytes)
-        if report["fits"]:
-            if budget < capacity_bytes:
-                return plan, [f"planned for {budget} B after {i} profiling run(s) did not fit"]
-            return plan, []
-        oom = report["oom"]
-        assert isinstance(oom, dict)
-        failed = tensors.get(int(oom["tensor"]))
-        at = oom["op"]
-        at_ws = at is not None and any(tensors[t].kind == "workspace" for t in ops[int(at)].writes)
-        if failed is not None and failed.kind == "workspace" and failed.producer is not None \
-                and failed.producer not in forced:
-            forced = forced | {failed.producer}
-        elif at_ws and int(at) not in forced:
-            forced = forced | {int(at)}  # the op it ran out at would need its workspace too
-        else:
-            short = int(oom["need_bytes"]) - int(oom["free_bytes"])
-            budget -= max(short, capacity_bytes // 100)
-            if budget <= 0:
-                break
-        plan = build(budget, forced)
-    return first, [f"no plan found that fits {capacity_bytes} B in {i + 1} profiling run(s); "
-                   f"this is the plan for the full capacity"]
-
-
 class Evictions:
     """Swaps and drops chosen against a budget, over a base profile (the trace after liveness
     releases and planned recomputations). Each eviction frees the tensor's device copy from
@@ -331,7 +270,7 @@ class Evictions:
         self.swaps: dict[int, Swap] = {}
         self.drops: dict[int, tuple[int, tuple[int, ...]]] = {}  # t -> (drop_after, chain)
         self.needs: dict[int, int] = {}  # t -> op, when something reads it before its bwd reader
-        self.usage = self._usage()
+        self.usage = self.profile()
 
     def need(self, t: int) -> int:
         first = self.view.first_bwd_reader(t)
@@ -394,7 +333,7 @@ class Evictions:
         if not update:
             return
         if not (new and self.blocking and s.prefetch_op is None):
-            self.usage = self._usage()
+            self.usage = self.profile()
             return
         # Blocking: the new swap's window does not depend on the D2H queue, and it does not
         # move anyone else's: update the profile and the queue in place.
@@ -414,12 +353,17 @@ class Evictions:
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         self.drops[t] = (self.last_fwd_use(t), chain)
-        self.usage = self._usage()
+        self.usage = self.profile()
 
-    def _usage(self) -> Usage:
-        u = Usage.__new__(Usage)
-        u.view = self.view
-        u.bytes = self.base.bytes.copy()
+    def refresh(self) -> None:
+        """Recompute `usage` from the base profile and every swap and drop chosen (after
+        add_swap/drops changed with update=False)."""
+        self.usage = self.profile()
+
+    def profile(self) -> Usage:
+        """The base profile less what the chosen swaps and drops take off the device (the D2H
+        queue's estimates are brought up to date on the way)."""
+        u = self.base.copy()
         self.timeline.release_slots(list(self.swaps.values()))
         view = self.view
         queue = sorted(self.swaps.values(),

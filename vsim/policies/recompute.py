@@ -29,7 +29,7 @@ A segment is only cut where its recomputation can read what it needs: every tens
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
 feature maps.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
@@ -40,19 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Action, Drop, Plan, Policy, Retime, choice, register
-from .base import Recompute as RecomputeAction
+from ..plan import Action, Drop, Plan, Retime
+from ..plan import Recompute as RecomputeAction
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
-from .planning import (
-    Usage,
-    algorithm_retimes,
-    alive_in_trace,
-    chain_inputs,
-    fit_by_profiling,
-    rebuild_chain,
-)
+from .planning import Usage, alive_in_trace, chain_inputs, rebuild_chain
 
 
 @dataclass(frozen=True)
@@ -307,7 +301,7 @@ class Segmenter:
 
 @register
 @dataclass(frozen=True)
-class Checkpointing(Policy):
+class Checkpointing(FittedPolicy):
     name = "recompute"
     description = ("gradient checkpointing (Chen et al. 2016): drop feature maps inside segments, "
                    "recompute each segment in backward; every-k, sqrt or optimal (least "
@@ -315,28 +309,22 @@ class Checkpointing(Policy):
     strategy: str = choice("optimal", "sqrt", "every-k")
     k: int = 2
     algo: str = choice("auto", "performance", "memory")
+    examples = ("recompute:strategy=sqrt", "recompute:strategy=every-k,k=2",
+                "recompute:strategy=every-k,k=3")
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}")
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        view = TraceView(trace)
-        if self.strategy == "optimal":
-            plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                           lambda b, f: self._optimal(trace, view, b, f))
-            return Plan(actions=plan.actions, notes=(*plan.notes, *notes))
-        plan, notes = fit_by_profiling(trace, hw, capacity_bytes,
-                                       lambda b, f: self._every(trace, view, b, f))
-        return Plan(actions=plan.actions, notes=(*plan.notes, *notes))
+    def plan_for(self, a: Attempt) -> Plan:
+        return self._optimal(a) if self.strategy == "optimal" else self._every(a)
 
-    def _every(self, trace: Trace, view: TraceView, budget: int, forced: frozenset[int]) -> Plan:
+    def _every(self, a: Attempt) -> Plan:
         """every-k or sqrt: the segmentation ignores the capacity; only algo=auto's workspace
         fallback depends on it."""
-        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        seg = Segmenter(view, retimes)
+        seg = Segmenter(a.view, a.retimes)
         k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(max(seg.n, 1))))
-        return self._fixed(seg, k, rnotes)
+        return self._fixed(seg, k, a.retime_notes)
 
     def _fixed(self, seg: Segmenter, k: int, rnotes: list[str], why: str = "") -> Plan:
         cuts = [*range(k, seg.n, k), seg.n] if seg.n else []
@@ -351,18 +339,18 @@ class Checkpointing(Policy):
                          f"recomputation would read a tensor the trace has freed by then")
         return Plan(actions=(*acts, *seg.retimes), notes=(*notes, *rnotes))
 
-    def _optimal(self, trace: Trace, view: TraceView, budget: int,
-                 forced: frozenset[int] = frozenset()) -> Plan:
+    def _optimal(self, a: Attempt) -> Plan:
         """The DP; under algo=auto, while no segmentation fits, convolutions run without their
         workspace, the largest workspaces first (1, then 2, 4, ... more per round, at most 8
         rounds), and the DP tries again: checkpoints cannot move, so a workspace next to them
         may have to go, as in vDNN_dyn's downgrade."""
+        view, budget = a.view, a.budget
         workspaces = sorted(((view.tensor[t].size_bytes, o.id) for o in view.ops
                              for t in o.writes if view.tensor[t].kind == "workspace"),
                             reverse=True)
         step = 1
         for _ in range(8):
-            retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
+            retimes, rnotes = a.retimes, a.retime_notes
             seg = Segmenter(view, retimes)
             if seg.n == 0:
                 return self._fixed(seg, 1, rnotes)
@@ -373,7 +361,7 @@ class Checkpointing(Policy):
             left = [o for _, o in workspaces if o not in done]
             if self.algo != "auto" or not left:
                 break
-            forced = forced | set(left[:step])
+            a = a.forcing(set(left[:step]))
             step *= 2
         k = max(1, round(math.sqrt(seg.n)))
         return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the model: "

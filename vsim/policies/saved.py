@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 from ..errors import PolicyError
 from ..hardware import Hardware
+from ..plan import Plan
+from ..plan_io import SavedPlan, load_plan, trace_digest
 from ..trace.schema import Trace
 from ..units import format_size
-from .base import Plan, Policy, register
+from .base import Policy, register
 
 
 @register
@@ -35,12 +37,10 @@ class SavedPlanPolicy(Policy):
         if self.file:
             self._load()  # bad files fail when the spec is parsed, before any simulation
 
-    def _load(self):  # type: ignore[no-untyped-def]
-        from ..plan_io import load_plan  # plan_io imports policies.base: import late
+    def _load(self) -> SavedPlan:
         return load_plan(self.file)
 
     def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        from ..plan_io import trace_digest
         if not self.file:  # every policy has defaults (the registry's contract): this one's
             return Plan(notes=("plan: no file given (plan:file=PATH): nothing moved",))
         saved = self._load()

@@ -22,26 +22,23 @@ The plan is checked with one simulated iteration and re-planned against a tighte
 check runs out of memory (planning.fit_by_profiling): SuperNeurons' runtime decides evictions as
 allocations fail, which a static plan can only approximate.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Action, Drop, Plan, Policy, Recompute, choice, register
+from ..plan import Action, Drop, Plan, Recompute
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
 from .planning import (
-    Evictions,
     Swap,
     Usage,
-    algorithm_retimes,
     alive_in_trace,
-    apply_releases,
     chain_inputs,
-    fit_with_notes,
     host_pool_bytes,
     liveness_releases,
     rebuild_chain,
@@ -120,28 +117,22 @@ def _apply(usage: Usage, view: TraceView, acts: list[Action]) -> None:
 
 @register
 @dataclass(frozen=True)
-class SuperNeurons(Policy):
+class SuperNeurons(FittedPolicy):
     name = "superneurons"
     description = ("SuperNeurons: liveness release, cost-aware recomputation of cheap layers, LRU "
                    "offload of CONV outputs under memory pressure with prefetch at backward CONVs")
     recompute: str = choice("auto", "speed", "memory", "off")
     algo: str = choice("auto", "performance", "memory")
+    examples = ("superneurons:recompute=off", "superneurons:recompute=memory")
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return fit_with_notes(trace, hw, capacity_bytes,
-                              lambda b, f: self._plan(trace, hw, b, f))
-
-    def _plan(self, trace: Trace, hw: Hardware, budget: int,
-              forced: frozenset[int] = frozenset()) -> Plan:
-        view = TraceView(trace)
+    def plan_for(self, at: Attempt) -> Plan:
+        view, budget = at.view, at.budget
         actions: list[Action] = []
         # 1. liveness
         releases = liveness_releases(view)
         actions += releases
-        retimes, rnotes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        actions += retimes
-        usage = Usage(view, retimes)
-        apply_releases(usage, view, releases)
+        actions += at.retimes
+        usage = at.usage(releases)
         # 2. cost-aware recomputation, per segment
         needs: dict[int, int] = {}
         n_speed = n_memory = n_skipped = 0
@@ -160,7 +151,7 @@ class SuperNeurons(Policy):
                     if self.recompute == "speed":
                         chosen = fast
                     else:
-                        trial_fast, trial_mem = _copy(usage), _copy(usage)
+                        trial_fast, trial_mem = usage.copy(), usage.copy()
                         _apply(trial_fast, view, fast)
                         _apply(trial_mem, view, mem)
                         if trial_fast.peak <= trial_mem.peak:
@@ -177,7 +168,7 @@ class SuperNeurons(Policy):
                             if t not in needs or view.pos[a.before_op] < view.pos[needs[t]]:
                                 needs[t] = a.before_op
         # 3. LRU offload of CONV outputs, only where the profile exceeds the budget
-        ev = Evictions(view, hw, usage, budget, blocking=True)
+        ev = at.evictions(usage, blocking=True)
         ev.needs.update(needs)
         dropped = {a.tensor for a in actions if isinstance(a, Drop)}
         conv_out = [t for t in view.saved if _conv_output(view, t) and t not in dropped]
@@ -201,7 +192,7 @@ class SuperNeurons(Policy):
                 ev.add_swap(best[1])
                 n_others += pool is others
         ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
-        notes = list(rnotes)
+        notes = list(at.retime_notes)
         if n_speed or n_memory or n_skipped:
             notes.append(f"superneurons: {n_speed} segment(s) recomputed speed-centric, "
                          f"{n_memory} memory-centric, {n_skipped} kept (their recomputation "
@@ -221,13 +212,6 @@ def _conv_output(view: TraceView, t: int) -> bool:
     producer = view.tensor[t].producer
     return (view.tensor[t].kind == "activation" and producer is not None
             and view.layer_of[producer].layer_type == "conv")
-
-
-def _copy(usage: Usage) -> Usage:
-    u = Usage.__new__(Usage)
-    u.view = usage.view
-    u.bytes = usage.bytes.copy()
-    return u
 
 
 def _previous_bwd_conv(view: TraceView, s: Swap) -> int:

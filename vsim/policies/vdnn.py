@@ -16,7 +16,7 @@ Modes: all (offload every layer's X), conv (only CONV layers'), dyn (profiling r
 must fit at all; then no offload, vDNN_conv, vDNN_all with the fastest algorithms; then a greedy
 per-layer downgrade to the memory-optimal algorithm, vDNN_conv first, then vDNN_all; else
 vDNN_all(m)). algo=memory runs every convolution with its workspace-free algorithm (see
-algorithms.py for where those times come from).
+vsim/workspace_free.py for where those times come from).
 
 Mapping to a recorded trace: a layer is a run of ops of one module in one phase (layers.py), so
 "layer n's forward" spans its first to its last forward op. Where the search rule does not reach
@@ -30,11 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..hardware import Hardware
+from ..plan import Action, Offload, Plan, Prefetch, Retime, RunPlan, Sync
+from ..spec import choice
 from ..trace.schema import Trace
-from .algorithms import memory_optimal_retimes
-from .base import Action, Offload, Plan, Policy, Prefetch, Retime, Sync, choice, register
+from ..workspace_free import memory_optimal_retimes
+from .base import Policy, register
+from .fitted import check
 from .layers import TraceView
-from .planning import check
 
 
 def offload_sets(view: TraceView, mode: str) -> dict[int, list[int]]:
@@ -109,9 +111,10 @@ def vdnn_actions(view: TraceView, offloaded: dict[int, list[int]]
     return actions, notes
 
 
-def _retimes_for(trace: Trace, layers: set[str] | None) -> tuple[list[Retime], list[str]]:
+def _retimes_for(trace: Trace, hw: Hardware, layers: set[str] | None
+                 ) -> tuple[list[Retime], list[str]]:
     """Memory-optimal retimes for the CONV layers named (None: all of them)."""
-    retimes, notes = memory_optimal_retimes(trace)
+    retimes, notes = memory_optimal_retimes(trace, hw)
     if layers is None:
         return retimes, notes
     by_id = {o.id: o for o in trace.ops}
@@ -126,34 +129,39 @@ class VDNN(Policy):
                    "reader, sync per layer, prefetch back to the closest CONV (mode all|conv|dyn)")
     mode: str = choice("all", "conv", "dyn")
     algo: str = choice("performance", "memory")
+    examples = ("vdnn:mode=conv", "vdnn:mode=dyn", "vdnn:algo=memory",
+                "vdnn:mode=conv,algo=memory")
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
+    def plan_with(self, trace: Trace, hw: Hardware, capacity_bytes: int,
+                  run_plan: RunPlan) -> Plan:
         view = TraceView(trace)
         if self.mode == "dyn":
-            return self._dyn(trace, hw, capacity_bytes, view)
-        return self._static(trace, view, self.mode, None if self.algo == "memory" else set())
+            return self._dyn(trace, hw, capacity_bytes, view, run_plan)
+        return self._static(trace, hw, view, self.mode,
+                            None if self.algo == "memory" else set())
 
-    def _static(self, trace: Trace, view: TraceView, mode: str,
+    def _static(self, trace: Trace, hw: Hardware, view: TraceView, mode: str,
                 memory_layers: set[str] | None, note: str = "") -> Plan:
         actions, notes = vdnn_actions(view, offload_sets(view, mode))
-        retimes, rnotes = _retimes_for(trace, memory_layers)
+        retimes, rnotes = _retimes_for(trace, hw, memory_layers)
         extra = [note] if note else []
         return Plan(actions=tuple([*actions, *retimes]), notes=tuple([*notes, *rnotes, *extra]))
 
-    def _dyn(self, trace: Trace, hw: Hardware, capacity: int, view: TraceView) -> Plan:
+    def _dyn(self, trace: Trace, hw: Hardware, capacity: int, view: TraceView,
+             run_plan: RunPlan) -> Plan:
         """vDNN_dyn's profiling passes, each one simulated iteration with the exact allocator."""
         runs = 0
 
         def fits(plan: Plan) -> bool:
             nonlocal runs
             runs += 1
-            return bool(check(trace, hw, plan, capacity)["fits"])
+            return bool(check(run_plan, trace, hw, plan, capacity)["fits"])
 
         def done(plan: Plan, what: str) -> Plan:
             return Plan(actions=plan.actions, notes=(*plan.notes,
                         f"vdnn dyn: chose {what} after {runs} profiling run(s)"))
 
-        all_m = self._static(trace, view, "all", None)
+        all_m = self._static(trace, hw, view, "all", None)
         if not fits(all_m):
             return done(all_m, "vDNN_all(m), which does not fit either: the network cannot be "
                                "trained at this capacity")
@@ -161,7 +169,7 @@ class VDNN(Policy):
         if fits(base_p):
             return done(base_p, "no offload with performance-optimal algorithms")
         for mode in ("conv", "all"):
-            p = self._static(trace, view, mode, set())
+            p = self._static(trace, hw, view, mode, set())
             if fits(p):
                 return done(p, f"vDNN_{mode}(p)")
         conv_layers = [lay.name for lay in view.fwd if lay.layer_type == "conv"]
@@ -169,7 +177,7 @@ class VDNN(Policy):
             downgraded: list[str] = []
             for name in dict.fromkeys(conv_layers):  # forward order, each module once
                 downgraded.append(name)
-                p = self._static(trace, view, mode, set(downgraded))
+                p = self._static(trace, hw, view, mode, set(downgraded))
                 if fits(p):
                     return done(p, f"vDNN_{mode} with {len(downgraded)} CONV layer(s) "
                                    f"downgraded to memory-optimal: {', '.join(downgraded)}")

@@ -25,53 +25,42 @@ sparsity, and the compression's CPU time is unmeasured.
 Not modelled: vDNN++'s allocation-order and placement heuristics against fragmentation act on
 the allocator; with the exact allocator there is no fragmentation to cut.
 
-Convolution algorithms (`algo`: auto, performance, memory): see vsim.policies.algorithms.
+Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware import Hardware
-from ..trace.schema import Trace
-from .base import Plan, Policy, choice, register
-from .layers import TraceView
-from .planning import (
-    Evictions,
-    Swap,
-    Usage,
-    algorithm_retimes,
-    fit_with_notes,
-    host_pool_bytes,
-)
+from ..plan import Plan
+from ..spec import choice
+from .base import register
+from .fitted import Attempt, FittedPolicy
+from .planning import Swap, host_pool_bytes
 from .vdnn import offload_sets
 
 
 @register
 @dataclass(frozen=True)
-class VDNNPlusPlus(Policy):
+class VDNNPlusPlus(FittedPolicy):
     name = "vdnnpp"
     description = ("vDNN++: vDNN's offloads without per-layer sync, prefetch as early as memory "
                    "allows, a reused pinned host pool")
     mode: str = choice("all", "conv")
     algo: str = choice("auto", "performance", "memory")
+    examples = ("vdnnpp:mode=conv", "vdnnpp:algo=memory")
 
-    def plan(self, trace: Trace, hw: Hardware, capacity_bytes: int) -> Plan:
-        return fit_with_notes(trace, hw, capacity_bytes,
-                              lambda b, f: self._plan(trace, hw, b, f))
-
-    def _plan(self, trace: Trace, hw: Hardware, budget: int, forced: frozenset[int]) -> Plan:
-        view = TraceView(trace)
-        retimes, notes = algorithm_retimes(trace, view, self.algo, budget, forced)
-        ev = Evictions(view, hw, Usage(view, retimes), budget)
+    def plan_for(self, a: Attempt) -> Plan:
+        view, retimes = a.view, a.retimes
+        ev = a.evictions()
         for i, xs in sorted(offload_sets(view, self.mode).items()):
             lay = view.fwd[i]
             for x in xs:
                 ev.add_swap(x, Swap(x, lay.first, False, lay.last, view.end(lay.last),
                                     ev.need(x)), update=False)
-        ev.usage = ev._usage()
+        ev.refresh()
         first_bwd = view.start(view.bwd[0].first) if view.bwd else 0
         ev.place_prefetches(lambda s: first_bwd)
-        return Plan(actions=(*ev.actions(), *retimes), notes=tuple(notes),
+        return Plan(actions=(*ev.actions(), *retimes), notes=tuple(a.retime_notes),
                     pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),
                     wait_for_memory=True)

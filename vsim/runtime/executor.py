@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..policies.base import Offload, Plan, PlanIndex, Retime
+from ..plan import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
 from .hostmem import PinnedPool
 from .opmap import OpMap, OpSequenceError

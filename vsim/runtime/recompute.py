@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..policies.base import Recompute
+from ..plan import Recompute
 
 if TYPE_CHECKING:
     from .executor import IterationStats

@@ -17,7 +17,7 @@ import torch
 
 from .. import __version__
 from ..fileio import write_atomic
-from ..policies.base import Offload, Plan, Retime
+from ..plan import Offload, Plan, Retime
 from ..trace.schema import Trace
 from ..units import format_size
 from .executor import Executor, IterationStats

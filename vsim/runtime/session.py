@@ -17,8 +17,8 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError
 from ..hardware import load_hardware
+from ..plan import Plan, Retime
 from ..policies import make_policy
-from ..policies.base import Plan, Retime
 from ..record.zoo import build_model
 from ..trace.schema import Trace
 from .executor import Executor, IterationStats, PinnedPool

@@ -21,7 +21,7 @@ and whether an allocation that does not fit waits for offloads in flight
 (Plan.wait_for_memory). Every plan frees tensors after their last reader where the trace kept
 them longer (planning.liveness_releases).
 
-**Cost model**: one simulated iteration (engine.simulator.Engine, the run's allocator) per
+**Cost model**: one simulated iteration (vsim.engine.run_plan, the run's allocator) per
 genome, cached. Feasible = no out of memory and no PlanError; the objective is the iteration
 time.
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..allocator import make_allocator
-from ..engine.simulator import Engine
+from ..engine import run_plan
 from ..hardware import Hardware
-from ..policies.algorithms import memory_optimal_retimes
-from ..policies.base import Plan
+from ..plan import Plan
 from ..policies.layers import TraceView
 from ..policies.planning import (
     Usage,
@@ -17,16 +16,18 @@ from ..policies.planning import (
     liveness_releases,
 )
 from ..trace.schema import Trace
+from ..workspace_free import memory_optimal_retimes
 
 AMPLE = 2**62
 SAVED = ("activation", "input")
 
 
-def forced_workspace_free(trace: Trace, view: TraceView, capacity_bytes: int) -> set[int]:
+def forced_workspace_free(trace: Trace, hw: Hardware, view: TraceView, capacity_bytes: int
+                          ) -> set[int]:
     """Convolutions that cannot run with their recorded workspace in any plan: the trace's
     bytes alive while they run (tensors freed after their last reader) less every saved
     feature map they do not touch, plus their workspace, exceed the capacity."""
-    retimes, _ = memory_optimal_retimes(trace)
+    retimes, _ = memory_optimal_retimes(trace, hw)
     u = Usage(view)
     apply_releases(u, view, liveness_releases(view))
     saved = [t for t in view.saved if view.tensor[t].kind in SAVED]
@@ -53,13 +54,13 @@ def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, An
     with every saved map it does not touch away (`least_working_set_bytes`): then no plan vsim
     can express fits. Times in us, sizes in bytes."""
     view = TraceView(trace)
-    retimes, _ = memory_optimal_retimes(trace)
+    retimes, _ = memory_optimal_retimes(trace, hw)
     by_op = {r.op: r for r in retimes}
-    forced = forced_workspace_free(trace, view, capacity_bytes)
+    forced = forced_workspace_free(trace, hw, view, capacity_bytes)
     # compute: each convolution at its fastest allowed algorithm, nothing moved, ample memory
     fastest = tuple(r for r in retimes
                     if r.op in forced or r.dur_us < view.op[r.op].dur_us)
-    run = Engine(trace, hw, Plan(actions=fastest), make_allocator("exact").build(AMPLE)).run()
+    run = run_plan(trace, hw, Plan(actions=fastest), make_allocator("exact"), AMPLE).output
     compute_us = run.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
     fastest_us = {o.id: min(o.dur_us, by_op[o.id].dur_us) if o.id in by_op else o.dur_us
                   for o in trace.ops}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..allocator.base import AllocatorSpec
 from ..hardware import Hardware
-from ..policies.base import Plan
+from ..plan import Plan
 from ..trace.schema import Trace
 from .bound import forced_workspace_free
 from .problem import LEAD_SHIFTS, MAX_TOGGLE_CANDIDATES, Genome, Outcome, Problem
@@ -99,7 +99,7 @@ def repair(p: Problem, g: Genome, log: Callable[[str], None] | None = None,
 
 def greedy(p: Problem, log: Callable[[str], None] | None = None,
            deadline: float = math.inf) -> tuple[Genome, Outcome]:
-    forced = forced_workspace_free(p.trace, p.view, p.capacity)
+    forced = forced_workspace_free(p.trace, p.hw, p.view, p.capacity)
     start = Genome(slow=tuple(sorted(o for o in forced if o in p.memory_retime)))
     return repair(p, start, log, deadline)
 

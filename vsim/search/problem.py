@@ -13,10 +13,9 @@ from typing import Any
 
 from ..allocator import make_allocator
 from ..allocator.base import AllocatorSpec
-from ..engine.simulator import Engine, PlanError
+from ..engine import PlanError, run_plan
 from ..hardware import Hardware
-from ..policies.algorithms import memory_optimal_retimes
-from ..policies.base import Action, Drop, Offload, Plan, Prefetch, Recompute, Retime
+from ..plan import Action, Drop, Offload, Plan, Prefetch, Recompute, Retime
 from ..policies.layers import TraceView
 from ..policies.planning import (
     Evictions,
@@ -31,6 +30,7 @@ from ..policies.planning import (
     recompute_chain,
 )
 from ..trace.schema import Trace
+from ..workspace_free import memory_optimal_retimes
 
 MIN_CANDIDATE_BYTES = 2**20
 """Smaller saved maps stay: moving them frees next to nothing and costs a copy's latency."""
@@ -110,7 +110,7 @@ class Problem:
         self.allocator = allocator or make_allocator("exact")
         self.view = view = TraceView(trace)
         self.tail_us = float(trace.meta.get("iteration_tail_us", 0.0))
-        retimes, self.retime_notes = memory_optimal_retimes(trace)
+        retimes, self.retime_notes = memory_optimal_retimes(trace, hw)
         ws_ops = {view.tensor[t].producer for t in view.tensor
                   if view.tensor[t].kind == "workspace" and view.tensor[t].size_bytes > 0}
         self.memory_retime = {r.op: r for r in retimes if r.op in ws_ops}
@@ -257,8 +257,8 @@ class Problem:
             start = time.perf_counter()
             self.evaluations += 1
             try:
-                run = Engine(self.trace, self.hw, self.plan(g),
-                             self.allocator.build(self.capacity)).run()
+                run = run_plan(self.trace, self.hw, self.plan(g), self.allocator, self.capacity,
+                               first_iteration=False, workspace_fallback=False).output
             except PlanError as exc:
                 out = Outcome(False, math.inf, error=str(exc))
             else:
@@ -297,10 +297,7 @@ class Problem:
             u = Usage(self.view, [self.memory_retime[o] for o in slow])
             apply_releases(u, self.view, self.releases)
             self._usage[slow] = u
-        u = self._usage[slow]
-        copy = Usage.__new__(Usage)
-        copy.view, copy.bytes = u.view, u.bytes.copy()
-        return copy
+        return self._usage[slow].copy()
 
     def evictions(self, g: Genome) -> Evictions:
         view = self.view
@@ -314,7 +311,7 @@ class Problem:
         for chain, (_, tensors) in self.groups(g).items():
             for t in tensors:
                 ev.drops[t] = (self.cands[t].last_fwd, chain)
-        ev.usage = ev._usage()
+        ev.refresh()
         return ev
 
     def asap_leads(self, g: Genome, late: Iterable[int] = ()) -> dict[int, int]:

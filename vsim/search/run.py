@@ -1,8 +1,8 @@
 """The `vsim search` verb's work: search a plan, run the built-in policies for comparison, compute
 the lower bound, save the plan, and return one result object (the CLI prints it).
 
-Built-in policies: every registered policy at its defaults plus the variants in
-BUILTIN_VARIANTS (a variant whose spec no longer parses is skipped). They run in a child
+Built-in policies: every registered policy at its defaults plus its key variants (the
+policy class's `examples`), found through the registry. They run in a child
 process (fork, where there is one) while the search runs: each policy plans once and its plan
 is simulated as `vsim run` would. Once the search from its greedy start is done, the local
 search starts again from the BUILTIN_STARTS fastest fitting built-in plans (as genomes,
@@ -19,43 +19,28 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from ..allocator.base import AllocatorSpec
-from ..engine import allocator_spec_string, simulate
-from ..errors import VsimError
+from ..engine import allocator_spec_string, run_plan, simulate
 from ..hardware import Hardware
+from ..plan import Plan
 from ..plan_io import SavedPlan, file_sha256, save_plan, trace_digest
 from ..policies import make_policy, registry
-from ..policies.base import Plan
-from ..policies.planning import _Given
+from ..policies.base import example_specs
 from ..policies.saved import SavedPlanPolicy
 from ..trace.schema import Trace
 from .bound import lower_bound
 from .local import search
 
-BUILTIN_VARIANTS = (
-    "none:algo=memory", "vdnn:mode=conv", "vdnn:mode=dyn", "vdnn:algo=memory",
-    "vdnn:mode=conv,algo=memory", "vdnnpp:mode=conv", "vdnnpp:algo=memory",
-    "superneurons:recompute=off", "superneurons:recompute=memory", "layrub:buffers=1",
-    "layrub:buffers=4", "recompute:strategy=sqrt", "recompute:strategy=every-k,k=2",
-    "recompute:strategy=every-k,k=3", "accudnn:algo=memory", "hybrid:algo=memory")
-"""Key variants run besides each policy's defaults."""
 BUILTIN_STARTS = 3
 """The local search also starts from this many of the fastest fitting built-in plans."""
 
 
 def builtin_specs() -> list[str]:
-    """Normalised specs: every registered policy (but `plan`) at its defaults, then the
-    variants."""
-    specs: list[str] = []
-    for name in sorted(registry()):
-        if name != "plan":
-            specs.append(make_policy(name).spec())
-    for v in BUILTIN_VARIANTS:
-        try:
-            spec = make_policy(v).spec()
-        except VsimError:
-            continue
-        if spec not in specs:
-            specs.append(spec)
+    """Normalised specs: every registered policy (but `plan`, which needs a file) at its
+    defaults, then every policy's examples, by name."""
+    policies = [cls for name, cls in sorted(registry().items()) if name != "plan"]
+    specs = [make_policy(cls.name).spec() for cls in policies]
+    for cls in policies:
+        specs += [s for s in example_specs(cls) if s not in specs]
     return specs
 
 
@@ -68,8 +53,8 @@ def run_builtins(trace: Trace, hw: Hardware, capacity_bytes: int, allocator: All
     for spec in specs:
         policy = make_policy(spec)
         try:
-            plan = policy.plan(trace, hw, capacity_bytes)
-            r = simulate(trace, hw, _Given(plan), allocator, capacity_bytes).report
+            plan = policy.plan_with(trace, hw, capacity_bytes, run_plan)
+            r = run_plan(trace, hw, plan, allocator, capacity_bytes).report
         except Exception as exc:  # noqa: BLE001 (report another policy's bug, keep going)
             rows.append({"policy": spec, "fits": False, "iteration_time_us": None,
                          "error": f"{type(exc).__name__}: {exc}"})
@@ -158,8 +143,8 @@ def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
         report = simulate(trace, hw, SavedPlanPolicy(file=output), allocator,
                           capacity_bytes).report
     else:
-        report = simulate(trace, hw, _Given(found.plan), allocator, capacity_bytes).report
-        report["policy"] = "search (not saved: give -o)"
+        report = run_plan(trace, hw, found.plan, allocator, capacity_bytes,
+                          label="search (not saved: give -o)").report
     return {
         "trace": trace_path, "hardware": hw.name, "capacity_bytes": capacity_bytes,
         "allocator": allocator_spec_string(allocator),

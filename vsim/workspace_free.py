@@ -1,0 +1,88 @@
+"""Convolution algorithm variants: vDNN's performance-optimal (p) and memory-optimal (m).
+
+Below the engine and the policies: the engine's workspace fallback (vsim.engine.simulate) and
+the policies' `algo` parameter both take their workspace-free times from here. The policies'
+`algo`: auto (default) runs a convolution without workspace only where its working set cannot
+fit otherwise, as cuDNN frameworks do when the workspace allocation fails; performance keeps the
+recorded algorithms; memory runs all of them without workspace (policies.planning.
+algorithm_retimes).
+
+A recorded trace holds one algorithm per convolution: the one cuDNN picked (PyTorch's default, with
+benchmark off, is the heuristic's fastest pick and may take a workspace). The (m) variant is
+implicit GEMM with no workspace. Its time, in order of preference:
+1. the op's `dur_us_memory_algo` attr: measured (the H100 traces: validation/workspace-free),
+   or written by retargeting and synthesis (`memory_algo` says which: "model" when
+   vsim.compute modelled it);
+2. when the trace names the GPU its times belong to (meta.hardware), the compute model on the
+   hardware `hw` the run is given, which takes the trace's op times as its own (`vsim run`
+   retargets a trace recorded on another GPU first): the recorded time scaled by the model's
+   (m)/(p) ratio for that op (vsim.compute.memory_algo_time_us: implicit GEMM at the profile's
+   `implicit_gemm` fraction of the fp32 peak, no layout transform). The profile is the one given,
+   with its `--set` overrides, never one looked up by name;
+3. without a known GPU, MEMORY_ALGO_SLOWDOWN times the recorded time (SLOWDOWN_NOTE).
+"""
+
+from __future__ import annotations
+
+from .compute import Efficiencies, load_efficiencies, memory_algo_ratio, op_class, op_costs
+from .errors import HardwareError
+from .hardware import Hardware
+from .plan import Retime
+from .trace.schema import Trace
+
+# Implicit-GEMM (no workspace) against the fastest algorithm, for traces whose GPU is unknown:
+# cuDNN's own benchmarks put IMPLICIT_GEMM at about 1.3-2x the fastest algorithm on large 3x3
+# convolutions; 1.5x is that range's middle. An estimate, and the report says so.
+MEMORY_ALGO_SLOWDOWN = 1.5
+SLOWDOWN_NOTE = (f"algo=memory: convolution times without a recorded or modelled implicit-GEMM "
+                 f"time are estimated as {MEMORY_ALGO_SLOWDOWN}x the recorded (fastest) time")
+
+
+_EFFICIENCIES: dict[str, Efficiencies | None] = {}
+
+
+def _efficiencies(hw: Hardware) -> Efficiencies | None:
+    """The profile's fitted efficiencies (None: no efficiency file), cached by the profile's
+    full text (overrides included): a run plans several times, and reading the file costs about
+    a millisecond."""
+    key = repr(hw)
+    if key not in _EFFICIENCIES:
+        if len(_EFFICIENCIES) >= 16:
+            _EFFICIENCIES.clear()
+        try:
+            _EFFICIENCIES[key] = load_efficiencies(hw)
+        except HardwareError:
+            _EFFICIENCIES[key] = None
+    return _EFFICIENCIES[key]
+
+
+def memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], list[str]]:
+    """Retime every convolution op to its workspace-free algorithm on `hw` (see the module
+    docstring for where each time comes from); notes say how many times were modelled or
+    estimated."""
+    eff = _efficiencies(hw) if trace.meta.get("hardware") else None
+    costs = op_costs(trace) if eff is not None else {}
+    retimes: list[Retime] = []
+    counts = {"measured": 0, "modelled": 0, "estimated": 0}
+    for op in trace.ops:
+        if op.layer_type != "conv" or op_class(op) not in ("conv_fwd", "conv_bwd"):
+            continue
+        attr = op.attr("dur_us_memory_algo")
+        if attr is not None:
+            how = "modelled" if op.attr("memory_algo") == "model" else "measured"
+            dur = float(attr)
+        elif eff is not None and op.dur_us > 0:
+            busy = sum(k.dur_us for k in op.kernels) if op.kernels else op.dur_us
+            ratio = memory_algo_ratio(costs[op.id], hw, eff)
+            how, dur = "modelled", op.dur_us - busy + busy * ratio
+        else:
+            how, dur = "estimated", op.dur_us * MEMORY_ALGO_SLOWDOWN
+        counts[how] += 1
+        retimes.append(Retime(op=op.id, dur_us=dur, workspace_bytes=0, note=how))
+    notes = []
+    if counts["modelled"]:
+        notes.append(f"algo=memory: {counts['modelled']} convolution time(s) modelled "
+                     f"(implicit GEMM without workspace, vsim.compute on {hw.name})")
+    if counts["estimated"]:
+        notes.append(SLOWDOWN_NOTE + f" ({counts['estimated']} ops)")
+    return retimes, notes
