@@ -367,3 +367,18 @@ def test_workspace_fallback_runs_the_convolution_without_its_workspace():
     assert report["iteration_time_us"] == 10 * 1.5 + 5
     assert any("workspace fallback: 1 convolution(s)" in n for n in report["notes"])
     assert result.predicted.ops[0].reads == (0,)  # its workspace was never there to read
+
+
+def test_a_resident_created_at_first_use_is_created_by_its_first_reader_on_any_stream():
+    """Hypothesis found it (test_properties): momentum (optimizer_state, no producer) is placed
+    at the first optimizer op, op 0 on stream 3, launched at 2.5 us; op 1 on stream 0 reads it
+    at 0 us with no dep on op 0 (a resident needs none). In a first iteration the reader creates
+    it as it launches, as PyTorch creates momentum at first touch, instead of finding it unborn
+    (PlanError). op 1 runs 0-1 us, op 0 2.5-3.5 us: the iteration takes 3.5 us either way."""
+    ops = [op(0, 2.5, 1, phase="opt", stream=3), op(1, 0, 1, phase="opt", reads=(0,))]
+    tr = trace(ops, [tensor(0, 1024, "optimizer_state", consumers=(1,))])
+    caching = make_allocator("caching")
+    warm = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=True).report
+    plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=False).report
+    assert warm["fits"] and warm["iteration_time_us"] == plain["iteration_time_us"] == 3.5
+    assert warm["peak_allocated_bytes"] == plain["peak_allocated_bytes"] == 1024

@@ -81,6 +81,9 @@ class Engine:
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
         self.first_use = dict(first_use or {})
+        # Tensors created at first use and not yet created: an op that reads one creates it
+        # (the op placed to create it may run later, on another stream).
+        self.awaiting = {t for ts in self.first_use.values() for t in ts}
         self.resident_blocks = resident_blocks or {}
         self.hw = hw
         self.plan = plan
@@ -172,9 +175,8 @@ class Engine:
     def _allocate_resident(self) -> bool:
         """Weights, optimizer state, inputs: on the GPU before the first op (unless created at
         first use, or already there from a previous iteration)."""
-        later = {t for ts in self.first_use.values() for t in ts}
         for t in self.trace.tensors:
-            if t.producer is None and t.id not in later:
+            if t.producer is None and t.id not in self.awaiting:
                 block = self.resident_blocks.get(t.id)
                 if block is not None:
                     self.memory.adopt(t.id, block, self.env.now)
@@ -201,6 +203,17 @@ class Engine:
             return True
         self._out_of_memory(tensor, op)
         return False
+
+    def _create_at_first_use(self, op: Op) -> bool:
+        """Create, as the op launches, the resident tensors placed at it (first_use) and any
+        it reads that no op has created yet. False when out of memory."""
+        placed = self.first_use.pop(op.id, ())
+        for t in [*placed, *(t for t in op.reads if t not in placed)]:
+            if t in self.awaiting:
+                self.awaiting.discard(t)
+                if not self._alloc(t, op.id):
+                    return False
+        return True
 
     def _fall_back(self, tensor: int, op: int | None) -> bool:
         """The op's workspace cannot be had: run it without one, at its workspace-free
@@ -240,17 +253,15 @@ class Engine:
         env, index, state = self.env, self.index, self.memory.state
         acts_before, acts_after = index.acts_before, index.acts_after
         wait_for_memory = self.plan.wait_for_memory
-        allocate, size, first_use = self.memory.allocate, self.size, self.first_use
+        allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
             ready = prev_end + gap
             if ready > env.now:
                 yield env.timeout(ready - env.now)
-            if first_use and oid in first_use:  # created at first use, on launch
-                for t in first_use.pop(oid):
-                    if not self._alloc(t, oid):
-                        return
+            if awaiting and not self._create_at_first_use(op):
+                return
             # Whether the plan hangs anything on the op (a workspace fallback below adds one)
             acted = oid in acts_before
             recomputes: Sequence[Recompute] = ()
