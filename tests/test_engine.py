@@ -382,3 +382,23 @@ def test_a_resident_created_at_first_use_is_created_by_its_first_reader_on_any_s
     plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=False).report
     assert warm["fits"] and warm["iteration_time_us"] == plain["iteration_time_us"] == 3.5
     assert warm["peak_allocated_bytes"] == plain["peak_allocated_bytes"] == 1024
+
+
+def test_a_workspace_fallback_leaves_the_plan_index_unchanged():
+    """The fallback is the run's own state (Engine.retime): the plan's index, built from the
+    plan, says after the run what it said before (no retime, nothing hung on op 0)."""
+    from vsim.engine.simulator import Engine
+    from vsim.policies.base import Retime
+
+    mib = 2**20
+    conv = op(0, 0, 10, layer_type="conv", reads=(0, 2), writes=(1, 2), frees=(2,))
+    tr = trace([conv, op(1, 10, 5, reads=(1,), frees=(1,))],
+               [tensor(0, 2 * mib, "weight"), tensor(1, 4 * mib, producer=0, consumers=(1,)),
+                tensor(2, 30 * mib, "workspace", producer=0, consumers=(0,))])
+    free = Retime(0, 15.0, workspace_bytes=0)
+    engine = Engine(tr, hardware(), Plan(), make_allocator("exact").build(10 * mib),
+                    fallback={0: free})
+    out = engine.run()
+    assert out.oom is None and engine.fell_back == [0] and engine.retime == {0: free}
+    assert engine.index.retime == {} and 0 not in engine.index.acts_before
+    assert out.end_us == 15 + 5

@@ -7,14 +7,34 @@ engine's time per op; the predicted trace turns them into MemEvents only when it
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from ..allocator.base import Allocator
 
-# Where a tensor is. 'offloading': on the device with a D2H copy in flight; 'prefetching': device
-# memory taken, H2D copy in flight.
-UNBORN, DEVICE, OFFLOADING, HOST, PREFETCHING, DROPPED, FREED = (
-    "unborn", "device", "offloading", "host", "prefetching", "dropped", "freed")
+
+class Residency(enum.Enum):
+    """Where a tensor is. OFFLOADING: on the device with a D2H copy in flight; PREFETCHING:
+    device memory taken, H2D copy in flight. The value is how messages write it."""
+
+    UNBORN = "unborn"
+    DEVICE = "device"
+    OFFLOADING = "offloading"
+    HOST = "host"
+    PREFETCHING = "prefetching"
+    DROPPED = "dropped"
+    FREED = "freed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The members as module constants: in Python 3.11 reading Residency.DEVICE costs ~0.15 us (the
+# enum's class attribute lookup), a constant ~0.04 us, and the engine reads them on every op.
+UNBORN, DEVICE, OFFLOADING, HOST = (Residency.UNBORN, Residency.DEVICE, Residency.OFFLOADING,
+                                    Residency.HOST)
+PREFETCHING, DROPPED, FREED = Residency.PREFETCHING, Residency.DROPPED, Residency.FREED
+# On the device for a reader: its data is there, whatever copy is in flight.
 RESIDENT = (DEVICE, OFFLOADING)
 
 
@@ -41,17 +61,21 @@ class DeviceMemory:
         self.allocator = allocator
         self.count_pinned = count_pinned
         self.blocks: dict[int, object] = {}
-        self.state: dict[int, str] = {}
+        self.state: dict[int, Residency] = {}
         self.events: list[tuple[str, float, int, int, int, int | None, int | None]] = []
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self._reserved_seen = 0
 
-    def where(self, tensor: int) -> str:
+    def where(self, tensor: int) -> Residency:
         return self.state.get(tensor, UNBORN)
 
+    def mark(self, tensor: int, state: Residency) -> None:
+        """A change of state that moves no memory (a copy starting or ending)."""
+        self.state[tensor] = state
+
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
-                 state: str = DEVICE) -> bool:
+                 state: Residency = DEVICE) -> bool:
         a = self.allocator
         block = a.malloc(size_bytes)
         if block is None:
@@ -82,7 +106,7 @@ class DeviceMemory:
         self.events.append(("free_requested", now, self.allocator.block_addr(block),
                             self.allocator.block_size(block), 0, tensor, op))
 
-    def release(self, tensor: int, now: float, op: int | None, new_state: str) -> None:
+    def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)
         if block is not None:
