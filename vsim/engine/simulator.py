@@ -93,7 +93,8 @@ class Engine:
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
         self.memory = DeviceMemory(allocator,
-                                   count_pinned=plan.pinned and not plan.pinned_pool_bytes)
+                                   count_pinned=plan.pinned and not plan.pinned_pool_bytes,
+                                   pinned_limit_bytes=hw.pinned_limit_bytes)
         self.tensors: dict[int, Tensor] = trace.tensor_by_id()
         self.size = {t.id: t.size_bytes for t in trace.tensors}
         self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
@@ -105,7 +106,7 @@ class Engine:
         self.completed: set[int] = set()              # ops past their end and any sync
         self.finished: set[int] = set()               # ops that have ended
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
-                                   self._alloc_waiting)
+                                   self._alloc_waiting, self._stop)
         self.executed: list[ExecutedOp] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
@@ -135,7 +136,11 @@ class Engine:
         return streams
 
     def run(self) -> EngineOutput:
-        if self._allocate_resident():
+        pool = self.plan.pinned_pool_bytes
+        if pool > self.hw.pinned_limit_bytes:  # the pool is pinned before anything runs
+            self._stop(OutOfMemory(None, -1, pool, self.hw.pinned_limit_bytes,
+                                   self.hw.pinned_limit_bytes, memory="pinned host"))
+        elif self._allocate_resident():
             procs = [self.env.process(self._stream(steps)) for steps in self.streams.values()]
             self.env.process(self._finish(procs))
             try:
@@ -151,8 +156,13 @@ class Engine:
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
                   [c.start_us + c.dur_us for c in copies] + [0.0])
-        return EngineOutput(self.executed, copies, self.memory, self.oom, end,
-                            list(self.plan.notes))
+        notes = list(self.plan.notes)
+        if self.oom is not None and self.oom.memory != "device":
+            what = "the pinned pool" if self.oom.tensor < 0 else f"tensor {self.oom.tensor}"
+            notes.append(f"out of pinned host memory: pinning {what} ({self.oom.need_bytes} B) "
+                         f"would exceed the profile's host.pinned_limit "
+                         f"({self.hw.pinned_limit_bytes} B, {self.oom.free_bytes} B left)")
+        return EngineOutput(self.executed, copies, self.memory, self.oom, end, notes)
 
     def _finish(self, procs: list[simpy.Process]) -> Generator[simpy.Event, Any, None]:
         yield self.env.all_of(procs)
@@ -219,7 +229,11 @@ class Engine:
         return True
 
     def _out_of_memory(self, tensor: int, op: int | None) -> None:
-        self.oom = self.memory.oom(op, tensor, self.size[tensor])
+        self._stop(self.memory.oom(op, tensor, self.size[tensor]))
+
+    def _stop(self, oom: OutOfMemory) -> None:
+        """End the run out of memory (a result)."""
+        self.oom = oom
         if not self.halt.triggered:
             self.halt.succeed()
 

@@ -21,7 +21,16 @@ from ..hardware import Hardware
 from ..policies.base import Offload, Plan, Prefetch
 from ..trace.schema import Copy
 from .link import Link
-from .memory import DEVICE, FREED, HOST, OFFLOADING, PREFETCHING, DeviceMemory, Residency
+from .memory import (
+    DEVICE,
+    FREED,
+    HOST,
+    OFFLOADING,
+    PREFETCHING,
+    DeviceMemory,
+    OutOfMemory,
+    Residency,
+)
 
 H2D_STREAM, D2H_STREAM = 1, 2
 
@@ -35,7 +44,10 @@ class Transfers:
     yet waited for (read it; `take_host_blocking` empties it)."""
 
     def __init__(self, env: simpy.Environment, hw: Hardware, plan: Plan, memory: DeviceMemory,
-                 size: dict[int, int], finished: set[int], allocate: Allocate) -> None:
+                 size: dict[int, int], finished: set[int], allocate: Allocate,
+                 stop: Callable[[OutOfMemory], None]) -> None:
+        """`allocate`: the engine's allocation that may wait for memory; `stop`: end the run
+        out of memory (pinned host memory over the profile's limit)."""
         self.env = env
         self.hw = hw
         self.plan = plan
@@ -44,6 +56,7 @@ class Transfers:
         self.size = size
         self.finished = finished  # the engine's ops that have ended
         self.allocate = allocate
+        self.stop = stop
         self.copies: list[Copy] = []
         self.in_flight = 0
         self.host_blocking: list[simpy.Event] = []
@@ -139,13 +152,16 @@ class Transfers:
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._copied_out[t])
-        self._procs.append(self.env.process(self._offload(t, release_after)))
+        self._procs.append(self.env.process(self._offload(t, off.at_op, release_after)))
 
-    def _offload(self, t: int, release_after: int) -> Generator[simpy.Event, Any, None]:
+    def _offload(self, t: int, at_op: int, release_after: int
+                 ) -> Generator[simpy.Event, Any, None]:
         size = self.size[t]
         if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
             yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
-        self.memory.pin(size)
+        if not self.memory.pin(size):  # cudaMallocHost fails: the run ends there
+            self.stop(self.memory.pinned_oom(at_op, t, size))
+            return
         start, end = yield from self.link.copy("d2h", size, self.plan.pinned)
         self.in_flight -= 1
         self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
