@@ -30,7 +30,8 @@ def hardware(**over):
                  "d2h": {"pinned": {"bandwidth": "1GB/s", "latency": "0us"},
                          "pageable": {"bandwidth": "0.5GB/s", "latency": "0us"}},
                  "duplex": over.pop("duplex", "1.5GB/s")},
-        "host": {"pinned_limit": "1GB", "pinned_alloc_per_GiB": "0us"},
+        "host": {"pinned_limit": over.pop("pinned_limit", "1GB"),
+                 "pinned_alloc_per_GiB": "0us"},
     }
     return parse_hardware(doc, "test")
 
@@ -367,3 +368,70 @@ def test_workspace_fallback_runs_the_convolution_without_its_workspace():
     assert report["iteration_time_us"] == 10 * 1.5 + 5
     assert any("workspace fallback: 1 convolution(s)" in n for n in report["notes"])
     assert result.predicted.ops[0].reads == (0,)  # its workspace was never there to read
+
+
+def test_a_resident_created_at_first_use_is_created_by_its_first_reader_on_any_stream():
+    """Hypothesis found it (test_properties): momentum (optimizer_state, no producer) is placed
+    at the first optimizer op, op 0 on stream 3, launched at 2.5 us; op 1 on stream 0 reads it
+    at 0 us with no dep on op 0 (a resident needs none). In a first iteration the reader creates
+    it as it launches, as PyTorch creates momentum at first touch, instead of finding it unborn
+    (PlanError). op 1 runs 0-1 us, op 0 2.5-3.5 us: the iteration takes 3.5 us either way."""
+    ops = [op(0, 2.5, 1, phase="opt", stream=3), op(1, 0, 1, phase="opt", reads=(0,))]
+    tr = trace(ops, [tensor(0, 1024, "optimizer_state", consumers=(1,))])
+    caching = make_allocator("caching")
+    warm = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=True).report
+    plain = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=False).report
+    assert warm["fits"] and warm["iteration_time_us"] == plain["iteration_time_us"] == 3.5
+    assert warm["peak_allocated_bytes"] == plain["peak_allocated_bytes"] == 1024
+
+
+def test_a_workspace_fallback_leaves_the_plan_index_unchanged():
+    """The fallback is the run's own state (Engine.retime): the plan's index, built from the
+    plan, says after the run what it said before (no retime, nothing hung on op 0)."""
+    from vsim.engine.simulator import Engine
+    from vsim.policies.base import Retime
+
+    mib = 2**20
+    conv = op(0, 0, 10, layer_type="conv", reads=(0, 2), writes=(1, 2), frees=(2,))
+    tr = trace([conv, op(1, 10, 5, reads=(1,), frees=(1,))],
+               [tensor(0, 2 * mib, "weight"), tensor(1, 4 * mib, producer=0, consumers=(1,)),
+                tensor(2, 30 * mib, "workspace", producer=0, consumers=(0,))])
+    free = Retime(0, 15.0, workspace_bytes=0)
+    engine = Engine(tr, hardware(), Plan(), make_allocator("exact").build(10 * mib),
+                    fallback={0: free})
+    out = engine.run()
+    assert out.oom is None and engine.fell_back == [0] and engine.retime == {0: free}
+    assert engine.index.retime == {} and 0 not in engine.index.acts_before
+    assert out.end_us == 15 + 5
+
+
+def test_pinned_host_memory_beyond_the_profiles_limit_does_not_fit():
+    """Offload t0 at op0 (0-10 us) and t1 at op1 (20-30 us), both released at op1's end and
+    brought back for op3: 10,000 + 10,000 B pinned at once from 20 us. Under a 20 kB limit that
+    fits (peak 20,000 B); under 15 KB pinning t1 would leave 5,000 B: out of pinned host memory
+    at op1, the run stopped there, with a note naming the limit."""
+    plan = [Offload(0, at_op=0, release_after=1), Offload(1, at_op=1, release_after=1),
+            Prefetch(0, at_op=2, needed_by=3), Prefetch(1, at_op=2, needed_by=2)]
+    ok = run(TWO, plan, hw=hardware(pinned_limit="20KB"))
+    assert ok["fits"] and ok["pinned_host_peak_bytes"] == 20_000
+    r = run(TWO, plan, hw=hardware(pinned_limit="15KB"))
+    assert r["fits"] is False and r["pinned_host_peak_bytes"] == 10_000
+    assert r["oom"] == {"op": 1, "tensor": 1, "need_bytes": 10_000, "free_bytes": 5_000,
+                        "largest_free_bytes": 5_000, "memory": "pinned host"}
+    assert any("host.pinned_limit (15000 B" in n for n in r["notes"])
+    assert r["d2h_bytes"] == 10_000  # only t0 was copied out
+
+
+def test_a_pinned_pool_beyond_the_limit_does_not_fit_before_the_first_op():
+    @dataclass(frozen=True)
+    class Pool(Policy):
+        name = "pool"
+
+        def plan(self, trace, hw, capacity_bytes):
+            return Plan(pinned_pool_bytes=16_000)
+
+    hw = hardware(pinned_limit="15KB")
+    r = simulate(TWO, hw, Pool(), make_allocator("exact"), 10**6).report
+    assert r["fits"] is False and r["oom"]["op"] is None and r["oom"]["memory"] == "pinned host"
+    assert r["oom"]["need_bytes"] == 16_000 and r["oom"]["free_bytes"] == 15_000
+    assert r["iteration_time_us"] == 0 and any("the pinned pool" in n for n in r["notes"])

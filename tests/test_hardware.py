@@ -87,3 +87,15 @@ def test_unknown_name_lists_known_profiles():
     with pytest.raises(HardwareError, match="h100-sxm"):
         load_hardware("no-such-gpu")
     assert "h200" in list_hardware()
+
+
+def test_launch_latency_and_cuda_malloc_are_informational():
+    """Old profiles keep loading with them, new ones may leave them out (nothing reads them:
+    docs/design.md), and a bad value is still an error naming the key."""
+    doc = _doc()
+    with_them = parse_hardware(doc, "x.yaml")
+    del doc["compute"]["launch_latency"], doc["gpu"]["cuda_malloc"]
+    assert parse_hardware(doc, "x.yaml") == with_them
+    doc["gpu"]["cuda_malloc"] = "80"
+    with pytest.raises(HardwareError, match="gpu.cuda_malloc"):
+        parse_hardware(doc, "x.yaml")

@@ -76,7 +76,10 @@ class LinkDirection:
 
 @dataclass(frozen=True)
 class Hardware:
-    """A GPU, its memory, its compute rates and its host link."""
+    """A GPU, its memory, its compute rates and its host link. A profile's
+    compute.launch_latency and gpu.cuda_malloc are informational: checked, not kept (the
+    recorded launch gaps already hold launch latency, and the allocator models reserve segments
+    without a time cost); modelling either would change every prediction."""
 
     name: str
     description: str
@@ -86,13 +89,11 @@ class Hardware:
     dram_bytes_per_us: float
     op_efficiency: dict[str, float]
     copy_interference: float
-    launch_latency_us: float
     h2d: LinkDirection
     d2h: LinkDirection
     duplex_bytes_per_us: float
-    pinned_limit_bytes: int
+    pinned_limit_bytes: int  # pinned host memory a run may hold; more does not fit
     pinned_alloc_us_per_gib: float
-    cuda_malloc_us: float
     provenance: dict[str, Any] = field(default_factory=dict)
     source_path: str = ""
 
@@ -241,6 +242,10 @@ def parse_hardware(doc: Any, where: str) -> Hardware:
     if context >= memory:
         raise HardwareError(f"gpu.context ({context} B) must be below gpu.memory ({memory} B)",
                             where)
+    for section, key, path in ((compute, "launch_latency", "compute"),
+                               (gpu, "cuda_malloc", "gpu")):
+        if key in section:  # informational (see Hardware): optional, but a bad value is bad
+            r.quantity(section, key, path, parse_time, positive=False)
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise HardwareError("name: missing or not a string", where)
@@ -253,15 +258,12 @@ def parse_hardware(doc: Any, where: str) -> Hardware:
         dram_bytes_per_us=r.quantity(compute, "dram_bandwidth", "compute", parse_rate),
         op_efficiency=op_eff,
         copy_interference=interference,
-        launch_latency_us=r.quantity(compute, "launch_latency", "compute", parse_time,
-                                     positive=False),
         h2d=r.direction(r.get(link, "h2d", "link"), "link.h2d"),
         d2h=r.direction(r.get(link, "d2h", "link"), "link.d2h"),
         duplex_bytes_per_us=r.quantity(link, "duplex", "link", parse_rate),
         pinned_limit_bytes=r.quantity(host, "pinned_limit", "host", parse_size),
         pinned_alloc_us_per_gib=r.quantity(host, "pinned_alloc_per_GiB", "host", parse_time,
                                            positive=False),
-        cuda_malloc_us=r.quantity(gpu, "cuda_malloc", "gpu", parse_time, positive=False),
         provenance=dict(provenance),
         source_path=where,
     )

@@ -1,0 +1,216 @@
+"""The plan's copies between device and host: offloads (D2H) and prefetches (H2D) in flight, the
+releases of device copies they wait for, and what the engine asks of them.
+
+The engine issues copies (`offload`, `prefetch`), tells the component when an op has ended
+(`op_ended`, needed only while `awaiting_release`) or when the trace frees a tensor a copy still
+reads (`free_when_copied`), and asks what to wait for: a prefetch arriving (`arriving`), device
+memory coming back (`releasing_memory`), copies in flight (`in_flight_events`,
+`host_blocking`). All copy state lives here; the engine keeps the ops' progress (`finished`,
+shared read-only).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from ..hardware import Hardware
+from ..plan import Offload, Plan, Prefetch
+from ..trace.schema import Copy
+from .link import Link
+from .memory import (
+    DEVICE,
+    FREED,
+    HOST,
+    OFFLOADING,
+    PREFETCHING,
+    DeviceMemory,
+    OutOfMemory,
+    Residency,
+)
+
+H2D_STREAM, D2H_STREAM = 1, 2
+
+# The engine's allocation that may wait for memory: (tensor, op, state) -> fits.
+Allocate = Callable[[int, "int | None", Residency], Generator[simpy.Event, Any, bool]]
+
+
+class Transfers:
+    """Copies of one run. `copies`: the finished ones, as run; `in_flight`: issued and not
+    finished (compute runs slower meanwhile); `host_blocking`: pageable copies the host has not
+    yet waited for (read it; `take_host_blocking` empties it)."""
+
+    def __init__(self, env: simpy.Environment, hw: Hardware, plan: Plan, memory: DeviceMemory,
+                 size: dict[int, int], finished: set[int], allocate: Allocate,
+                 stop: Callable[[OutOfMemory], None]) -> None:
+        """`allocate`: the engine's allocation that may wait for memory; `stop`: end the run
+        out of memory (pinned host memory over the profile's limit)."""
+        self.env = env
+        self.hw = hw
+        self.plan = plan
+        self.link = Link(env, hw)
+        self.memory = memory
+        self.size = size
+        self.finished = finished  # the engine's ops that have ended
+        self.allocate = allocate
+        self.stop = stop
+        self.copies: list[Copy] = []
+        self.in_flight = 0
+        self.host_blocking: list[simpy.Event] = []
+        self._copied_out: dict[int, simpy.Event] = {}  # D2H copy finished
+        self._released: dict[int, simpy.Event] = {}    # ... and the device copy given back
+        self._prefetched: dict[int, simpy.Event] = {}  # H2D copy finished
+        self._release_op: dict[int, int] = {}          # offloaded tensor -> its release_after
+        self._releasing: dict[int, list[int]] = defaultdict(list)  # release op -> offloaded
+        self._release_at_end: dict[int, list[int]] = defaultdict(list)  # ... copied out
+        self._free_pending: set[int] = set()           # freed by the trace while copied
+        self._procs: list[simpy.Process] = []          # offload and prefetch processes
+
+    # ------------------------------------------------------------ what the engine asks
+
+    def alive(self) -> list[simpy.Process]:
+        """Copy processes still running (the iteration ends when they do)."""
+        return [p for p in self._procs if p.is_alive]
+
+    def take_host_blocking(self) -> list[simpy.Event]:
+        """Pageable copies not yet finished that the host must wait for; forgets them all."""
+        waits = [e for e in self.host_blocking if not e.triggered]
+        self.host_blocking.clear()
+        return waits
+
+    def in_flight_events(self) -> list[simpy.Event]:
+        """Copies not yet finished, both ways (what a Sync waits for)."""
+        return [e for e in [*self._copied_out.values(), *self._prefetched.values()]
+                if not e.triggered]
+
+    def releasing_memory(self) -> list[simpy.Event]:
+        """Device copies that will be given back once their D2H copy ends: only offloads whose
+        release op has ended (the others also wait for an op, maybe the one allocating)."""
+        return [self._released[t] for t, ev in self._copied_out.items()
+                if not self._released[t].triggered and not ev.triggered
+                and self._release_op[t] in self.finished]
+
+    def leaving(self, tensor: int) -> bool:
+        """Being offloaded past its release op: gone for a reader (it leaves when the copy
+        ends, maybe while the reader runs)."""
+        return self.memory.where(tensor) is OFFLOADING \
+            and self._release_op.get(tensor) in self.finished
+
+    def release_op(self, tensor: int) -> int:
+        return self._release_op[tensor]
+
+    def arriving(self, tensor: int) -> simpy.Event | None:
+        """The prefetch of the tensor still in flight, if any."""
+        ev = self._prefetched.get(tensor)
+        if ev is not None and (not ev.triggered
+                               or self.memory.where(tensor) is PREFETCHING):
+            return ev
+        return None
+
+    # ------------------------------------------------------------ what the engine tells
+
+    @property
+    def awaiting_release(self) -> bool:
+        """Some offload waits for its release op to end (else op_ended has nothing to do)."""
+        return bool(self._release_at_end or self._releasing)
+
+    def free_when_copied(self, tensor: int) -> None:
+        """The trace frees a tensor a copy still reads: released when the copy ends."""
+        self._free_pending.add(tensor)
+
+    def op_ended(self, oid: int) -> None:
+        """Offloads whose release op `oid` just ended: copied out, their device copy goes back;
+        still copying, the program frees them now (PyTorch's memory_allocated drops:
+        free_requested) but the block is reused only when the copy ends (record_stream;
+        free_completed, by the offload process)."""
+        for t in self._release_at_end.pop(oid, []):
+            if self._copied_out[t].triggered:
+                self._release_offloaded(t, oid)
+        for t in self._releasing.pop(oid, []):
+            if not self._copied_out[t].triggered \
+                    and self.memory.where(t) is OFFLOADING:
+                self.memory.request_free(t, self.env.now, oid)
+
+    # ------------------------------------------------------------ offloads
+
+    def offload(self, off: Offload) -> None:
+        """Start the D2H copy now (synchronously marked, so the op that issues it already sees
+        the link busy); the device copy is given back when both the copy and op
+        `release_after` have ended, whichever is later."""
+        t = off.tensor
+        if self.memory.where(t) is not DEVICE:
+            return  # already away or not born: nothing to copy
+        self.memory.mark(t, OFFLOADING)
+        self._copied_out[t] = self.env.event()
+        self._released[t] = self.env.event()
+        release_after = off.release_after if off.release_after is not None else off.at_op
+        self._release_op[t] = release_after
+        self._releasing[release_after].append(t)
+        self.in_flight += 1
+        if not self.plan.pinned:
+            self.host_blocking.append(self._copied_out[t])
+        self._procs.append(self.env.process(self._offload(t, off.at_op, release_after)))
+
+    def _offload(self, t: int, at_op: int, release_after: int
+                 ) -> Generator[simpy.Event, Any, None]:
+        size = self.size[t]
+        if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
+            yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
+        if not self.memory.pin(size):  # cudaMallocHost fails: the run ends there
+            self.stop(self.memory.pinned_oom(at_op, t, size))
+            return
+        start, end = yield from self.link.copy("d2h", size, self.plan.pinned)
+        self.in_flight -= 1
+        self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
+        self._copied_out[t].succeed()
+        if release_after in self.finished:
+            self._release_offloaded(t, release_after)
+        else:
+            self._release_at_end[release_after].append(t)
+
+    def _release_offloaded(self, t: int, op: int) -> None:
+        if t in self._free_pending:  # the trace freed it meanwhile: no need for the host copy
+            self._free_pending.discard(t)
+            self.memory.unpin(self.size[t])
+            self.memory.release(t, self.env.now, op, FREED)
+        else:
+            self.memory.release(t, self.env.now, op, HOST)
+        self._released[t].succeed()
+
+    # ------------------------------------------------------------ prefetches
+
+    def prefetch(self, pre: Prefetch) -> None:
+        t = pre.tensor
+        if t in self._prefetched and not self._prefetched[t].triggered:
+            return  # already on its way
+        self._prefetched[t] = self.env.event()
+        self.in_flight += 1
+        if not self.plan.pinned:
+            self.host_blocking.append(self._prefetched[t])
+        self._procs.append(self.env.process(self._prefetch(pre)))
+
+    def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
+        t = pre.tensor
+        done = self._prefetched[t]
+        pending = self._released.get(t)
+        if pending is not None and not pending.triggered:
+            yield pending  # the data must have left before it can come back
+        if self.memory.where(t) is not HOST:
+            self.in_flight -= 1
+            done.succeed()
+            return
+        if not (yield from self.allocate(t, pre.at_op, PREFETCHING)):
+            return
+        size = self.size[t]
+        start, end = yield from self.link.copy("h2d", size, self.plan.pinned)
+        self.in_flight -= 1
+        self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
+        self.memory.unpin(size)
+        self.memory.mark(t, DEVICE)
+        if t in self._free_pending:
+            self._free_pending.discard(t)
+            self.memory.release(t, self.env.now, pre.needed_by, FREED)
+        done.succeed()
