@@ -111,3 +111,24 @@ def test_vdnn_order_replay_peaks_at_the_first_group():
     # three 64x224x224 maps of batch 128 (1568 MiB each) live at once, plus the weights
     assert r["peak_bytes"] > 3 * 1568 * MiB
     assert paper.vdnn.forks(t) is False
+
+
+def test_a_miss_prints_the_files_cause_beside_the_runs_note(tmp_path):
+    # a figure whose run does not fit: the out-of-memory note and the file's cause both print
+    import shutil
+
+    import yaml
+
+    folder = tmp_path / "paper"
+    (folder / "traces").mkdir(parents=True)
+    shutil.copy(ROOT / "validation" / "paper" / "traces" / "vgg16-b256.vsim.json.gz",
+                folder / "traces")
+    doc = {"kind": "paper", "title": "t", "hardware": "titan-x-maxwell",
+           "tolerance": {"memory": "10%", "time": "15%"},
+           "figures": [{"id": "f", "metric": "peak_mib", "network": "vgg16-b256",
+                        "policy": "none", "allocator": "exact", "kind": "memory",
+                        "published": 1000.0, "cause": "the analysed cause"}]}
+    path = folder / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    f = paper.check(path)["figures"][0]
+    assert not f["ok"] and "out of memory" in f["cause"] and "the analysed cause" in f["cause"]
