@@ -132,3 +132,17 @@ def test_a_miss_prints_the_files_cause_beside_the_runs_note(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     f = paper.check(path)["figures"][0]
     assert not f["ok"] and "out of memory" in f["cause"] and "the analysed cause" in f["cause"]
+
+
+def test_vdnn_order_frees_a_relu_layers_y_before_the_dx_below():
+    # ReLU is a layer of its own in vDNN: its Y (the CONV's) goes before the CONV's dX is
+    # allocated, so conv1_2's backward holds three maps of 64x224x224; the re-implementation's
+    # fused CONV+ReLU keeps Y through the CONV's backward: four
+    from vsim.hardware import load_hardware
+    from vsim.paper.vdnn_order import replay
+
+    hw = load_hardware("titan-x-maxwell")
+    t = paper.vdnn._trace(ROOT / "validation" / "paper", "vgg16-b128", hw)
+    sep, fused = replay(t, 2**50, "all", True), replay(t, 2**50, "all", True, fused_relu=True)
+    assert sep is not None and fused is not None
+    assert fused["peak_bytes"] > 4 * 1568 * MiB > sep["peak_bytes"]
