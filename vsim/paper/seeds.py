@@ -121,8 +121,8 @@ def check_figures(path: str | Path, doc: dict[str, Any],
         if not ok:
             # the run's own note (e.g. out of memory) and the file's analysed cause, both:
             # a note must not hide the cause the paper file gives
-            parts = [c for c in (cause, fig.get("cause")) if c]
-            cause = "; ".join(str(c) for c in parts) or "outside tolerance; cause not analysed yet"
+            parts = [str(c) for c in dict.fromkeys((cause, fig.get("cause"))) if c]
+            cause = "; ".join(parts) or "outside tolerance; cause not analysed yet"
         rows.append({"id": fig["id"], "source": fig.get("source", ""), "network": net,
                      "policy": fig.get("policy"), "metric": fig["metric"],
                      "kind": fig["kind"], "unit": fig.get("unit", ""),
