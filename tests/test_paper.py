@@ -111,3 +111,38 @@ def test_vdnn_order_replay_peaks_at_the_first_group():
     # three 64x224x224 maps of batch 128 (1568 MiB each) live at once, plus the weights
     assert r["peak_bytes"] > 3 * 1568 * MiB
     assert paper.vdnn.forks(t) is False
+
+
+def test_a_miss_prints_the_files_cause_beside_the_runs_note(tmp_path):
+    # a figure whose run does not fit: the out-of-memory note and the file's cause both print
+    import shutil
+
+    import yaml
+
+    folder = tmp_path / "paper"
+    (folder / "traces").mkdir(parents=True)
+    shutil.copy(ROOT / "validation" / "paper" / "traces" / "vgg16-b256.vsim.json.gz",
+                folder / "traces")
+    doc = {"kind": "paper", "title": "t", "hardware": "titan-x-maxwell",
+           "tolerance": {"memory": "10%", "time": "15%"},
+           "figures": [{"id": "f", "metric": "peak_mib", "network": "vgg16-b256",
+                        "policy": "none", "allocator": "exact", "kind": "memory",
+                        "published": 1000.0, "cause": "the analysed cause"}]}
+    path = folder / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    f = paper.check(path)["figures"][0]
+    assert not f["ok"] and "out of memory" in f["cause"] and "the analysed cause" in f["cause"]
+
+
+def test_vdnn_order_frees_a_relu_layers_y_before_the_dx_below():
+    # ReLU is a layer of its own in vDNN: its Y (the CONV's) goes before the CONV's dX is
+    # allocated, so conv1_2's backward holds three maps of 64x224x224; the re-implementation's
+    # fused CONV+ReLU keeps Y through the CONV's backward: four
+    from vsim.hardware import load_hardware
+    from vsim.paper.vdnn_order import replay
+
+    hw = load_hardware("titan-x-maxwell")
+    t = paper.vdnn._trace(ROOT / "validation" / "paper", "vgg16-b128", hw)
+    sep, fused = replay(t, 2**50, "all", True), replay(t, 2**50, "all", True, fused_relu=True)
+    assert sep is not None and fused is not None
+    assert fused["peak_bytes"] > 4 * 1568 * MiB > sep["peak_bytes"]

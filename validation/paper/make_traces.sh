@@ -18,8 +18,9 @@ for b in 64 128 256; do synth $N:vgg16 $b vgg16-b$b; done
 for d in 116 216 316 416; do synth $N:vgg$d 32 vgg$d-b32; done
 synth $N:alexnet_owt 128 cb-alexnet-owt-b128
 # the other seeds (validation/paper/{superneurons-k40,layrub-k40m}.yaml)
-vsim synth alexnet --batch 200 --hw k40 --no-tf32 --no-library-blocks -o "$out/alexnet-b200.vsim.json.gz"
 vsim synth resnet50 --batch 32 --hw k40 --no-tf32 --no-library-blocks -o "$out/resnet50-b32.vsim.json.gz"
+vsim synth $N:alexnet_caffe --batch 200 --hw k40 --no-tf32 --no-library-blocks -o "$out/alexnet-caffe-b200.vsim.json.gz"
+vsim synth $N:resnet34 --batch 32 --hw k40m --no-tf32 --no-library-blocks -o "$out/resnet34-b32.vsim.json.gz"
 synth overfeat 128 cb-overfeat-fast-b128
 synth vgg11 64 cb-vgg11-b64
 synth googlenet 128 cb-googlenet-b128

@@ -118,8 +118,11 @@ def check_figures(path: str | Path, doc: dict[str, Any],
             ok = predicted is not None and predicted >= published * (1 - tol["memory"])
         else:
             ok = error is not None and abs(error) <= tol[str(fig["kind"])]
-        if not ok and not cause:
-            cause = str(fig.get("cause", "outside tolerance; cause not analysed yet"))
+        if not ok:
+            # the run's own note (e.g. out of memory) and the file's analysed cause, both:
+            # a note must not hide the cause the paper file gives
+            parts = [str(c) for c in dict.fromkeys((cause, fig.get("cause"))) if c]
+            cause = "; ".join(parts) or "outside tolerance; cause not analysed yet"
         rows.append({"id": fig["id"], "source": fig.get("source", ""), "network": net,
                      "policy": fig.get("policy"), "metric": fig["metric"],
                      "kind": fig["kind"], "unit": fig.get("unit", ""),

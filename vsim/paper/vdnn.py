@@ -328,7 +328,8 @@ def check(path: str | Path, progress: Callable[[str], None] | None = None,
         result["headline"] = headline_rows(
             result["policies"]["vgg16-b256"], traces.get("vgg16-b256") or _trace(
                 folder, "vgg16-b256", hw), result["policies"]["vgg16-b128"], hw,
-            float(doc["headlines"]["vgg16_b128_vdnn_all_m_max_gb"]), tol_mem)
+            float(doc["headlines"]["vgg16_b128_vdnn_all_m_max_gb"]), tol_mem,
+            traces.get("vgg16-b128") or _trace(folder, "vgg16-b128", hw))
     result["ok"] = (all(r["ok"] for r in rows) and fig6_result["ok"]
                     and all(r["ok"] for r in result.get("headline", [])))
     return result

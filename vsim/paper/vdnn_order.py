@@ -12,6 +12,14 @@ src/neural_net.cu, simulateCNMEMMemory) issues cnmemMalloc/cnmemFree in:
 - backward, from the top: malloc the loss gradient; per layer i, malloc the prefetch buffer of
   the closest offloaded layer below (search stops at the first CONV), then malloc dX_i, malloc and
   free the workspace, then free layer i's Y and dY ("X and dX are kept for the layer below").
+- ReLU is a layer of its own in vDNN ("ReLU layers never offload"), in place: its backward
+  overwrites dY with dX and, its backward done, its Y is released. That Y is the buffer of the
+  CONV/FC below it, whose backward reads X, dY and W, never Y (cuDNN's convolution backward
+  data/filter, cuBLAS), so a layer followed by a ReLU has its Y freed before its own dX is
+  allocated. The re-implementation instead fuses the activation into the CONV layer and frees Y
+  after the CONV's backward (`fused_relu=True`): that keeps four maps of 64x224x224 at conv1_2's
+  backward (X, Y, dY, dX), 12.9 GiB at batch 256 with the weights, which no 12 GB card holds
+  whatever the allocator, against the paper's measured run.
 
 cnmem itself (NVIDIA/cnmem src/cnmem.cpp, read for this): best fit over an address-ordered free
 list, strict `<` so the lowest address wins ties; the used block is the head of the free block
@@ -49,14 +57,31 @@ class _Out(Exception):
     pass
 
 
+def _relu_after(trace: Trace) -> set[str]:
+    """Names of the forward layers whose output an in-place ReLU reads next."""
+    out: set[str] = set()
+    last = None
+    for op in trace.ops:
+        if op.phase != "fwd":
+            continue
+        if op.layer_type == "relu":
+            if last is not None:
+                out.add(last)
+        elif op.layer_type != "loss":
+            last = op.layer
+    return out
+
+
 def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
-           first_fit: bool = False) -> dict[str, Any] | None:
+           first_fit: bool = False, fused_relu: bool = False) -> dict[str, Any] | None:
     """vDNN_`mode` ('all' | 'conv') on `trace` in vDNN's allocation order through the cnmem
     model at `capacity_bytes`: {fits, peak_bytes (what was live at most), need_bytes and
-    largest_free_bytes at the failing request, failed (what)}; None for a non-chain network."""
+    largest_free_bytes at the failing request, failed (what)}; None for a non-chain network.
+    `fused_relu`: the re-implementation's order (Y freed after the CONV's backward)."""
     if forks(trace):
         return None
     layers: list[FwdLayer] = forward_layers(trace)
+    relu = set() if fused_relu else _relu_after(trace)
     bws = _bwd_workspace(trace)
     pool = PooledAllocator(capacity_bytes, first_fit=first_fit)
     state = {"peak": 0}
@@ -94,6 +119,10 @@ def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
         dx[n] = malloc(layers[-1].y if n else 0, "loss gradient")
         fetched = [False] * n
         for i in range(n - 1, -1, -1):
+            if layers[i].name in relu and layers[i].layer_type in ("conv", "fc"):
+                # the ReLU layer above ran its backward in place: its Y (this layer's) goes
+                free(x[i + 1])
+                x[i + 1] = None
             if i > 0:
                 for k in range(i - 1, -1, -1):
                     if offload[k] and not fetched[k]:

@@ -17,6 +17,12 @@ PyTorch users run). ReLUs are in place, as in the vDNN baseline; no dropout.
 gradient maps, 193 MiB, are this net's 362 and 189 (two buffers of conv1's 94.5 MiB output),
 where the zoo's two-tower `alexnet` has 460 and 142 (both have 231 MiB of weights).
 `overfeat_accurate` likewise (see its docstring). GoogLeNet is the zoo's.
+
+The other seeds: `alexnet_caffe` is SuperNeurons' AlexNet (its testing/alexnet.cpp, Caffe's
+bvlc_alexnet without groups: LRN after the first two CONV/ReLU pairs, dropout after fc6/fc7,
+227x227), whose CONV1-4 outputs at batch 200 are Fig. 10's 221.56 / 142.38 / 49.51 / 49.51 MiB;
+`resnet34` is He et al.'s 34-layer ResNet of basic blocks (Layrub's Table 6), as torchvision
+defines it (written out here: torchvision is not a dependency).
 """
 
 from __future__ import annotations
@@ -96,3 +102,57 @@ def overfeat_accurate(batch: int) -> tuple[nn.Module, Any, Any]:
         nn.Linear(4096, 4096), nn.ReLU(inplace=True),
         nn.Linear(4096, IMAGENET_CLASSES))
     return _build(model, batch, 221)
+
+
+def alexnet_caffe(batch: int) -> tuple[nn.Module, Any, Any]:
+    """SuperNeurons' AlexNet (superneurons-release testing/alexnet.cpp): one tower, LRN, 227x227."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 96, 11, 4), nn.ReLU(inplace=True), nn.LocalResponseNorm(5),
+        nn.MaxPool2d(3, 2),
+        nn.Conv2d(96, 256, 5, 1, 2), nn.ReLU(inplace=True), nn.LocalResponseNorm(5),
+        nn.MaxPool2d(3, 2),
+        nn.Conv2d(256, 384, 3, 1, 1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 384, 3, 1, 1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, 1, 1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+        nn.Flatten(),
+        nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        nn.Linear(4096, IMAGENET_CLASSES))
+    return _build(model, batch, 227)
+
+
+class _Basic(nn.Module):
+    """He et al.'s basic block: two 3x3 convs with batch norm, stride on the first, a 1x1
+    projection where the shape changes (option B, as torchvision's resnet34)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.down: nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+def resnet34(batch: int) -> tuple[nn.Module, Any, Any]:
+    """ResNet-34 (basic blocks 3, 4, 6, 3 of 64..512 channels), 224x224."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for i, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)):
+        for b in range(blocks):
+            layers.append(_Basic(cin, width, 2 if (b == 0 and i > 0) else 1))
+            cin = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, IMAGENET_CLASSES)]
+    return _build(nn.Sequential(*layers), batch)
