@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="timed iterations for `measured`")
+    _add_step_flags(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_record)
 
@@ -407,6 +408,17 @@ def _models() -> list[dict[str, str]]:
     return [{"name": k, "description": v} for k, v in list_models().items()]
 
 
+def _add_step_flags(p: argparse.ArgumentParser) -> None:
+    """--seq, --precision, --optimizer (issue 17): the training step of vsim.record.step."""
+    p.add_argument("--seq", type=int, default=None, help="sequence length of a Hugging Face "
+                   "model (default: 1024 for GPT-2 and Llama, 512 for BERT)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="fp32 (PyTorch's TF32 defaults), tf32, or bf16/fp16 autocast (fp16 "
+                   "with a grad scaler); default fp32")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw"),
+                   help="sgd (momentum 0.9), adam or adamw; default sgd")
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     _check_output(args.output, "-o")
     if args.batch <= 0:
@@ -415,7 +427,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from .trace import save_trace
 
     trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
-                         iters=args.iters, progress=_progress)
+                         iters=args.iters, progress=_progress, precision=args.precision,
+                         optimizer=args.optimizer, seq=args.seq)
     save_trace(trace, args.output)
     _progress(f"wrote {args.output}")
     return 0
@@ -922,6 +935,7 @@ def _add_compute_verbs(verbs: Any) -> None:
                    "(default: PyTorch's flags, TF32 convolutions, fp32 matmuls)")
     p.add_argument("--no-library-blocks", action="store_true", help="leave out the cuBLAS "
                    "workspaces a PyTorch process keeps resident (65 MiB on the H100)")
+    _add_step_flags(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_synth)
 
@@ -997,7 +1011,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     trace = synthesize(args.model, args.batch, hw, workspace=args.workspace,
                        tf32=(not args.no_tf32, False),
-                       library_residents=not args.no_library_blocks, progress=_progress)
+                       library_residents=not args.no_library_blocks, progress=_progress,
+                       precision=args.precision, optimizer=args.optimizer, seq=args.seq)
     save_trace(trace, args.output)
     prof = memory_profile(trace)
     _progress(f"wrote {args.output}: {prof['ops']} ops, {len(trace.tensors)} tensors, peak "

@@ -163,14 +163,14 @@ class _MetaMemory:
         self.live[key] = (a, size)
         if self.recording:
             self.events.append((a, size))
-            _rec._marker(f"{ALLOC}{len(self.events) - 1}")
+            _rec.marker(f"{ALLOC}{len(self.events) - 1}")
 
     def _gone(self, key: int) -> None:
         self.addr_of.pop(key, None)
         hit = self.live.pop(key, None)
         if hit is not None and self.recording:
             self.events.append((hit[0], -hit[1]))
-            _rec._marker(f"{FREE}{len(self.events) - 1}")
+            _rec.marker(f"{FREE}{len(self.events) - 1}")
 
 
 def _is_view(func: Any) -> bool:
@@ -212,7 +212,7 @@ class _SynthDispatch(_rec._DispatchLog):
             if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
                 nbytes += x.numel() * x.element_size()
         flops = 0.0
-        formula = _rec._FLOPS.get(getattr(func, "overloadpacket", None))
+        formula = _rec.FLOPS.get(getattr(func, "overloadpacket", None))
         if formula is not None:
             try:
                 flops = float(formula(*args, **kwargs, out_val=out))
@@ -223,7 +223,7 @@ class _SynthDispatch(_rec._DispatchLog):
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
         self.calls.append((name, launches, _conv_info(name, args, out)))
-        _rec._marker(f"{DISPATCH}{n}")
+        _rec.marker(f"{DISPATCH}{n}")
         return out
 
 
@@ -288,12 +288,12 @@ class _MetaRecorder(_rec.Recorder):
         self.memory = memory
         self.log = StructureLog(device_type=META_DEVICE_CODE)
 
-    def _begin_structure(self) -> None:
+    def begin_structure(self) -> None:
         self.memory.recording = True
-        super()._begin_structure()
+        super().begin_structure()
 
-    def _end_structure(self) -> None:
-        super()._end_structure()
+    def end_structure(self) -> None:
+        super().end_structure()
         self.memory.recording = False
 
     def _finish(self) -> None:
@@ -358,7 +358,7 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": f"vsim synth {model} --batch {batch} --hw {hw.name}",
         "dtype": "float32", "tf32": {"cudnn": tf32[0], "matmul": tf32[1]},
-        "cudnn_benchmark": False, "optimizer": _rec._optimizer_label(opt),
+        "cudnn_benchmark": False, "optimizer": _rec.optimizer_label(opt),
         "stream_names": {"0": "compute"},
         "synth": {"version": __version__, "workspace_model": workspace,
                   "block_bytes": block_bytes, "element_bytes": elem,
