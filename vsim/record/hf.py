@@ -11,7 +11,8 @@ scaled_dot_product_attention (`attn_implementation="sdpa"`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -104,3 +105,24 @@ def build_hf(name: str, batch: int, seq: int | None, device: Any,
     auto = tf.AutoModelForMaskedLM if name == "bert-base" else tf.AutoModelForCausalLM
     model = _from_config(auto, config)
     return model, tokens(batch, seq, config.vocab_size, device), LogitsLoss()
+
+
+@contextlib.contextmanager
+def meta_safe() -> Iterator[None]:
+    """For synthesis on the meta device: transformers' check for packed sequences (position ids
+    that restart inside a row) reads tensor values, which meta tensors have none of; it is
+    answered as a real step with these inputs answers it: no packed sequences."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda *_a, **_k: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
