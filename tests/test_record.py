@@ -380,3 +380,51 @@ def test_shipped_traces_replay_to_their_measurements() -> None:
     for path in traces:
         c = selfcheck.compare(load_trace(path))
         assert c["time_ok"] and c["peak_ok"], (path.name, c)
+
+
+# ------------------------------------------------------------------ issue 17: precision, optimizer
+
+def test_training_step_rejects_unknown_choices():
+    from vsim.record.step import training_step
+    with pytest.raises(ConfigError, match="precision"):
+        training_step("tiny-mlp", 2, "cpu", precision="fp8")
+    with pytest.raises(ConfigError, match="optimizer"):
+        training_step("tiny-mlp", 2, "cpu", optimizer="lion")
+    with pytest.raises(ConfigError, match="--seq"):
+        build_model("tiny-mlp", 2, "cpu", seq=64)
+
+
+def test_fp16_step_has_a_grad_scaler_and_sgd_is_the_old_step():
+    from vsim.record.step import training_step
+    t = training_step("tiny-mlp", 2, "cpu", precision="fp16", optimizer="adam")
+    assert t.scaler is not None and t.meta()["grad_scaler"]
+    t()  # one scaled step runs
+    assert type(t.opt).__name__ == "Adam"
+    s = training_step("tiny-mlp", 2, "cpu")
+    assert s.scaler is None and type(s.opt).__name__ == "SGD"
+    assert s.opt.defaults["momentum"] == 0.9
+
+
+def test_hf_model_bf16_adamw_recording(tmp_path):
+    """A 2-layer GPT-2 from transformers (random weights, no download) recorded in bf16 autocast
+    with AdamW on the CPU: meta says so, AdamW's two states are optimizer_state and twice the
+    parameters' bytes, autocast's bf16 tensors are there, and the trace validates."""
+    pytest.importorskip("transformers", reason="transformers not installed (extra 'hf')")
+    trace = record_model("gpt2-tiny", 2, device="cpu", warmup=1, iters=2, timing_iters=1,
+                         precision="bf16", optimizer="adamw", seq=16)
+    meta = trace.meta
+    assert (meta["precision"], meta["optimizer"], meta["autocast"], meta["seq_len"]) == (
+        "bf16", "adamw", "bfloat16", 16)
+    assert meta["optimizer_config"].startswith("AdamW(")
+    assert "--precision bf16 --optimizer adamw" in meta["command"]
+    params = sum(t.size_bytes for t in trace.tensors
+                 if t.kind == "weight" and not t.name.startswith("buffer"))
+    state = [t for t in trace.tensors if t.kind == "optimizer_state"]
+    moments = sum(t.size_bytes for t in state if t.name.endswith((".exp_avg", ".exp_avg_sq")))
+    assert moments == 2 * params
+    # on the CPU Adam's step counters live on the recorded device too (on CUDA: the host)
+    assert {t.name.rsplit(".", 1)[1] for t in state} == {"exp_avg", "exp_avg_sq", "step"}
+    assert selfcheck.replay_estimate(trace)[1] == trace.measured.peak_allocated_bytes
+    path = tmp_path / "gpt2-tiny.vsim.json.gz"
+    save_trace(trace, path)
+    assert load_trace(path).meta["precision"] == "bf16"  # loading validates the trace

@@ -281,3 +281,25 @@ def test_unreachable_scheduler_is_a_config_error(traces, tmp_path, monkeypatch):
     grid = build_grid([traces[1]], ["h100-sxm"], ["1GiB"], ["none"], ["exact"])
     with pytest.raises(ConfigError, match="cannot reach the Dask scheduler"):
         run_sweep(grid, [str(tmp_path / "r.csv")], scheduler="tcp://127.0.0.1:1")
+
+
+def test_longest_sequence_plot(tmp_path, capsys):
+    """Traces of one model at one batch and three sequence lengths (meta.seq_len): rows carry
+    trace.seq_len, the table gives the longest that fits, and a max-seq plot is drawn."""
+    paths = []
+    for seq in (512, 1024, 2048):
+        t = chain(4, seq // 512 * 64 * MIB, 100.0, 200.0)
+        t = dataclasses.replace(t, meta={**t.meta, "model": "chain4s", "batch_size": 2,
+                                         "seq_len": seq})
+        paths.append(str(tmp_path / f"chain4s-{seq}.vsim.json.gz"))
+        save_trace(t, paths[-1])
+    out = tmp_path / "r.csv"
+    sweep_json(capsys, "--trace", *paths, "--hw", "h100-sxm", "--memory", "512MiB", "1GiB",
+               "2GiB", "--policy", "none", "-o", str(out), "--plot", str(tmp_path / "p"))
+    rows = read_rows(str(out))
+    assert {r["trace.seq_len"] for r in rows} == {512, 1024, 2048}
+    # peaks with no policy 320, 640, 1280 MiB as in the batch fixture
+    assert largest_batch(rows, axis="trace.seq_len")["none:algo=performance"] == {
+        512 * MIB: 512, GIB: 1024, 2 * GIB: 2048}
+    assert sorted(os.listdir(tmp_path / "p")) == ["max-seq-chain4s-h100-sxm.png",
+                                                  "slowdown-chain4s-h100-sxm.png"]

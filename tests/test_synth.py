@@ -94,3 +94,42 @@ def test_synth_command_writes_a_trace_that_runs_elsewhere(tmp_path, capsys):
     assert report["retargeted_from"] == "synthetic (h100-sxm)"
     assert main(["synth", "no-such-net", "--batch", "4", "--hw", "h100-sxm", "-o",
                  str(tmp_path / "x.gz")]) == 2
+
+
+def test_synth_bf16_adamw_bytes_by_hand():
+    """tiny-mlp (64-128-128-10, batch 4) synthesized in bf16 autocast with AdamW, exact sizes:
+    weights fp32, AdamW's two states per parameter, and the linear layers' bf16 casts (weights
+    and activations at 2 bytes); op times at the fp16 tensor-core rate for the GEMMs."""
+    kw = {"block_bytes": 1, "library_residents": False}
+    f32 = synthesize("tiny-mlp", 4, H100, precision="fp32", optimizer="adamw", **kw)
+    b16 = synthesize("tiny-mlp", 4, H100, precision="bf16", optimizer="adamw", **kw)
+    sgd = synthesize("tiny-mlp", 4, H100, **kw)
+    params = 4 * (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10)
+
+    def kind(t, k):
+        return sum(x.size_bytes for x in t.tensors if x.kind == k)
+    for t in (f32, b16):
+        assert kind(t, "weight") == params
+        assert sum(x.size_bytes for x in t.tensors if x.kind == "optimizer_state"
+                   and x.name.endswith(("exp_avg", "exp_avg_sq"))) == 2 * params
+    assert kind(sgd, "optimizer_state") == params  # momentum only
+    assert (b16.meta["precision"], b16.meta["optimizer"]) == ("bf16", "adamw")
+    # the bf16 copies of the three weight matrices and biases exist only under autocast
+    casts = [x for x in b16.tensors if x.size_bytes == 2 * 64 * 128]
+    assert casts and not [x for x in f32.tensors if x.size_bytes == 2 * 64 * 128]
+    from vsim.compute import op_precision
+    gemm = [o for o in b16.ops if o.name == "aten::linear"]
+    gemm32 = [o for o in f32.ops if o.name == "aten::linear"]
+    assert len(gemm) == len(gemm32) == 3
+    assert {op_precision(o, b16.meta) for o in gemm} == {"fp16"}
+    assert {op_precision(o, f32.meta) for o in gemm32} == {"fp32"}
+
+
+def test_synth_hf_gpt2_adamw_state_is_twice_the_weights():
+    pytest.importorskip("transformers", reason="transformers not installed (extra 'hf')")
+    t = synthesize("gpt2-tiny", 2, H100, precision="bf16", optimizer="adamw", seq=16,
+                   library_residents=False)
+    w = sum(x.size_bytes for x in t.tensors if x.kind == "weight")
+    s = sum(x.size_bytes for x in t.tensors if x.kind == "optimizer_state"
+            and x.name.endswith(("exp_avg", "exp_avg_sq")))
+    assert s == 2 * w and t.meta["seq_len"] == 16

@@ -26,7 +26,8 @@ IMPLICIT_GEMM_ASSUMED), with the same channel ramp; never faster than the (p) ti
 
 The precision of an op follows the trace's meta: convolutions use TF32 when `meta.tf32.cudnn`
 (PyTorch's default) and the GPU has a tf32 peak, GEMMs when `meta.tf32.matmul`; fp16/bf16 dtypes
-use the fp16 peak; otherwise fp32.
+use the fp16 peak, as do convolutions, GEMMs and attention under bf16/fp16 autocast
+(`meta.precision`, issue 17; the other ops keep their fp32 rate); otherwise fp32.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def op_precision(op: Op, meta: dict[str, Any], cls: str | None = None) -> str:
         return half
     tf32 = meta.get("tf32") or {}
     cls = cls or op_class(op)
+    if meta.get("precision") in ("bf16", "fp16") and cls in COMPUTE_CLASSES:
+        return "fp16"  # autocast: the tensor-core rate (bf16's equals fp16's on Ampere+)
     if cls in ("conv_fwd", "conv_bwd") and tf32.get("cudnn"):
         return "tf32"
     if cls in ("gemm", "attention") and tf32.get("matmul"):

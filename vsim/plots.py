@@ -135,8 +135,9 @@ def plot_sweep(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
     """The pictures of a sweep (rows as vsim.sweep.read_rows gives them), written into
     `out_dir`: per model and hardware, the slowdown against capacity per policy
     (slowdown-MODEL-HW.png) and, when the sweep has several batch sizes of the model, the
-    largest batch that fits against capacity per policy (max-batch-MODEL-HW.png). Returns the
-    paths written."""
+    largest batch that fits against capacity per policy (max-batch-MODEL-HW.png), or for
+    several sequence lengths (traces with meta.seq_len) the longest sequence that fits
+    (max-seq-MODEL-HW.png). Returns the paths written."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("capacity_bytes") is None or r.get("fits") is None:
@@ -151,6 +152,10 @@ def plot_sweep(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
         if len({r.get("trace.batch_size") for r in group}) >= 2:
             path = str(Path(out_dir) / f"max-batch-{stem}.png")
             plot_max_batch(group, path)
+            written.append(path)
+        if len({r.get("trace.seq_len") for r in group if r.get("trace.seq_len")}) >= 2:
+            path = str(Path(out_dir) / f"max-seq-{stem}.png")
+            plot_max_batch(group, path, axis=SEQ)
             written.append(path)
     return written
 
@@ -228,27 +233,33 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
     _save(fig, path)
 
 
-def largest_batch(rows: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
-    """Per policy (series as in the plots), per capacity in bytes: the largest batch size among
-    the rows that fits there, 0 when none does. Rows of one model and hardware."""
+BATCH = "trace.batch_size"
+SEQ = "trace.seq_len"
+
+
+def largest_batch(rows: list[dict[str, Any]], axis: str = BATCH) -> dict[str, dict[int, int]]:
+    """Per policy (series as in the plots), per capacity in bytes: the largest batch size (or
+    with axis=SEQ, sequence length) among the rows that fits there, 0 when none does. Rows of
+    one model and hardware."""
     caps = sorted({int(r["capacity_bytes"]) for r in rows})
     table: dict[str, dict[int, int]] = {}
     for name, rs in _series(rows).items():
         best = dict.fromkeys(caps, 0)
         for r in rs:
-            if r.get("fits") and r.get("trace.batch_size") is not None:
+            if r.get("fits") and r.get(axis) is not None:
                 cap = int(r["capacity_bytes"])
-                best[cap] = max(best[cap], int(r["trace.batch_size"]))
+                best[cap] = max(best[cap], int(r[axis]))
         table[name] = best
     return table
 
 
-def plot_max_batch(rows: list[dict[str, Any]], path: str) -> None:
-    """The largest batch size (of those swept) that fits, against capacity, one line per
-    policy; 0 where none fits. Lines are nudged apart a little where policies agree."""
-    batches = sorted({int(r["trace.batch_size"]) for r in rows
-                      if r.get("trace.batch_size") is not None})
-    table = largest_batch(rows)
+def plot_max_batch(rows: list[dict[str, Any]], path: str, axis: str = BATCH) -> None:
+    """The largest batch size (axis=SEQ: sequence length) of those swept that fits, against
+    capacity, one line per policy; 0 where none fits. Lines are nudged apart a little where
+    policies agree."""
+    batches = sorted({int(r[axis]) for r in rows if r.get(axis) is not None})
+    table = largest_batch(rows, axis)
+    word = "batch" if axis == BATCH else "sequence"
     fig, ax = plt.subplots(figsize=(10, 5.2))
     n = len(table)
     for i, (name, best) in enumerate(table.items()):
@@ -262,9 +273,12 @@ def plot_max_batch(rows: list[dict[str, Any]], path: str) -> None:
     ax.minorticks_off()
     ax.set_ylim(batches[0] / 1.4, batches[-1] * 1.4)
     ax.set_xlabel("capacity (GiB)")
-    ax.set_ylabel("largest batch that fits")
+    ax.set_ylabel(f"{'largest' if axis == BATCH else 'longest'} {word} that fits")
     sample = rows[0]
-    ax.set_title(f"{_model(sample)} on {sample.get('hardware')}: largest trainable batch of "
+    other = (f" at sequence {sample[SEQ]}" if axis == BATCH and sample.get(SEQ) else
+             f" at batch {sample.get(BATCH)}" if axis == SEQ else "")
+    ax.set_title(f"{_model(sample)}{other} on {sample.get('hardware')}: "
+                 f"{'largest' if axis == BATCH else 'longest'} trainable {word} of "
                  f"{', '.join(map(str, batches))} (no line: none fits)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right", title="policy", title_fontsize=8)

@@ -331,8 +331,11 @@ def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
     report = result.report
     slowdown = (report["iteration_time_us"] / base
                 if report["fits"] and base and base > 0 else None)
-    return {"key": list(cfg.key()), "report": report, "baseline_iteration_time_us": base,
-            "slowdown": slowdown, "sim_seconds": round(seconds, 4)}
+    out = {"key": list(cfg.key()), "report": report, "baseline_iteration_time_us": base,
+           "slowdown": slowdown, "sim_seconds": round(seconds, 4)}
+    if trace.meta.get("seq_len") is not None:  # sequence models: the axis a sweep may vary
+        out["seq_len"] = trace.meta["seq_len"]
+    return out
 
 
 def _run_chunk(cfgs: list[Config], files: list[str] | None = None) -> list[dict[str, Any]]:
@@ -348,6 +351,8 @@ def to_row(result: dict[str, Any]) -> dict[str, Any]:
     (sim_seconds, the one figure that differs between two runs of a configuration)."""
     row: dict[str, Any] = dict(zip(KEY_COLUMNS, result["key"], strict=True))
     _flatten(result["report"], "", row)
+    if result.get("seq_len") is not None:
+        row["trace.seq_len"] = result["seq_len"]
     row["baseline_iteration_time_us"] = result["baseline_iteration_time_us"]
     row["slowdown"] = result["slowdown"]
     row["sim_seconds"] = result["sim_seconds"]

@@ -21,6 +21,7 @@ def add_record_verbs(verbs: Any) -> None:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="timed iterations for `measured`")
+    add_step_flags(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_record)
 
@@ -87,6 +88,7 @@ def add_compute_verbs(verbs: Any) -> None:
                    "(default: PyTorch's flags, TF32 convolutions, fp32 matmuls)")
     p.add_argument("--no-library-blocks", action="store_true", help="leave out the cuBLAS "
                    "workspaces a PyTorch process keeps resident (65 MiB on the H100)")
+    add_step_flags(p)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=cmd_synth)
 
@@ -97,6 +99,17 @@ def add_compute_verbs(verbs: Any) -> None:
     p.set_defaults(handler=cmd_synth_check)
 
 
+def add_step_flags(p: argparse.ArgumentParser) -> None:
+    """--seq, --precision, --optimizer: the training step of vsim.record.step."""
+    p.add_argument("--seq", type=int, default=None, help="sequence length of a Hugging Face "
+                   "model (default: 1024 for GPT-2 and Llama, 512 for BERT)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="fp32 (PyTorch's TF32 defaults), tf32, or bf16/fp16 autocast (fp16 "
+                   "with a grad scaler); default fp32")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw"),
+                   help="sgd (momentum 0.9), adam or adamw; default sgd")
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     check_output(args.output, "-o")
     if args.batch <= 0:
@@ -105,7 +118,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from ..trace import save_trace
 
     trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
-                         iters=args.iters, progress=progress)
+                         iters=args.iters, progress=progress, precision=args.precision,
+                         optimizer=args.optimizer, seq=args.seq)
     save_trace(trace, args.output)
     progress(f"wrote {args.output}")
     return 0
@@ -287,7 +301,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     trace = synthesize(args.model, args.batch, hw, workspace=args.workspace,
                        tf32=(not args.no_tf32, False),
-                       library_residents=not args.no_library_blocks, progress=progress)
+                       library_residents=not args.no_library_blocks, progress=progress,
+                       precision=args.precision, optimizer=args.optimizer, seq=args.seq)
     save_trace(trace, args.output)
     prof = memory_profile(trace)
     progress(f"wrote {args.output}: {prof['ops']} ops, {len(trace.tensors)} tensors, peak "

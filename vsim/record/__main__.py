@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--no-gap-fit", action="store_true",
                      help="keep the profiled idle gaps instead of fitting them to the "
                      "measured time")
+    rec.add_argument("--seq", type=int, default=None,
+                     help="sequence length of a Hugging Face model (default: its own)")
+    rec.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"))
+    rec.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw"))
     rec.add_argument("-o", "--output", required=True)
     cal = sub.add_parser("calibrate", help="measure this GPU into a hardware profile")
     cal.add_argument("-o", "--output", required=True)
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             from .recorder import record_model
             trace = record_model(args.model, args.batch, args.device, warmup=args.warmup,
                                  iters=args.iters, progress=say, timing_iters=args.timing_iters,
-                                 fit_gaps=not args.no_gap_fit)
+                                 fit_gaps=not args.no_gap_fit, precision=args.precision,
+                                 optimizer=args.optimizer, seq=args.seq)
             save_trace(trace, args.output)
             say(f"wrote {args.output}")
         elif args.verb == "calibrate":

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -55,7 +54,8 @@ from .assemble import (
     StructureLog,
     assemble,
 )
-from .zoo import build_model
+from .hf import default_seq, is_hf
+from .step import TrainingStep, check_choice, training_step
 
 Progress = Callable[[str], None]
 
@@ -65,9 +65,9 @@ except ImportError:  # pragma: no cover
     from torch.autograd.profiler import record_function as _Range  # type: ignore[assignment]
 
 try:
-    from torch.utils.flop_counter import flop_registry as _FLOPS
+    from torch.utils.flop_counter import flop_registry as FLOPS
 except ImportError:  # pragma: no cover
-    _FLOPS = {}
+    FLOPS = {}
 
 _MODULE_TYPES = {
     "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv", "ConvTranspose1d": "conv",
@@ -99,7 +99,8 @@ def module_type(module: nn.Module) -> str:
     return "other"
 
 
-def _marker(name: str) -> None:
+def marker(name: str) -> None:
+    """An empty profiler range named `name` (the structure pass's markers)."""
     with _Range(name):
         pass
 
@@ -148,7 +149,7 @@ class _DispatchLog(TorchDispatchMode):
             if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
                 nbytes += x.numel() * x.element_size()
         flops = 0.0
-        formula = _FLOPS.get(getattr(func, "overloadpacket", None))
+        formula = FLOPS.get(getattr(func, "overloadpacket", None))
         if formula is not None:
             try:
                 flops = float(formula(*args, **kwargs, out_val=out))
@@ -156,7 +157,7 @@ class _DispatchLog(TorchDispatchMode):
                 flops = 0.0
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
-        _marker(f"{DISPATCH}{n}")
+        marker(f"{DISPATCH}{n}")
         return out
 
 
@@ -187,7 +188,16 @@ def hardware_guess(device_name: str) -> str | None:
     return None
 
 
-def _optimizer_label(optimizer: torch.optim.Optimizer | None) -> str | None:
+def optimizer_name(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """meta.optimizer: sgd, adam, adamw (vsim.record.step's names), else the class name."""
+    if optimizer is None:
+        return None
+    name = type(optimizer).__name__
+    return {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}.get(name, name)
+
+
+def optimizer_label(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """meta.optimizer_config: the class and its non-default hyperparameters."""
     if optimizer is None:
         return None
     keys = ("lr", "momentum", "weight_decay", "betas", "eps", "foreach", "fused")
@@ -293,7 +303,7 @@ class Recorder:
                 torch.cuda.reset_peak_memory_stats(self.device)
             self._t0 = time.perf_counter()
         elif phase == "structure":
-            self._begin_structure()
+            self.begin_structure()
         elif phase == "timing":
             if prev != "timing":
                 self._sync()
@@ -328,7 +338,7 @@ class Recorder:
                                  f"{self._peak(self.peaks_reserved) / 2**20:.1f} MiB"
                                  if self.gpu else ""))
         elif phase == "structure":
-            self._end_structure()
+            self.end_structure()
         elif phase == "timing":
             if self._range is not None:
                 self._range.__exit__(None, None, None)
@@ -390,7 +400,9 @@ class Recorder:
                                              f"{names.get(id(p), 'param')}.{key}"))
         return found
 
-    def _begin_structure(self) -> None:
+    def begin_structure(self) -> None:
+        """Start the structure pass's instrumentation (profiler, hooks, dispatch log); the
+        runtime's op map (vsim.record.opmap) drives it around one step of its own."""
         self._sync()
         gc.collect()
         log = self.log
@@ -449,7 +461,7 @@ class Recorder:
                         return
                     name, module = owner.get(id(param), ("param", ""))
                     log.grads.append((name, module, a))
-                    _marker(f"{GRAD}{len(log.grads) - 1}")
+                    marker(f"{GRAD}{len(log.grads) - 1}")
                 h = p.register_post_accumulate_grad_hook(on_grad)
                 self._undo.append(h.remove)
         # which backward call: a range around torch.autograd.backward
@@ -467,12 +479,12 @@ class Recorder:
             k = len(log.saved)
             a = _addr(t) if t.device.type == self.device.type else None
             log.saved.append(a or 0)
-            _marker(f"{SAVE}{k}")
+            marker(f"{SAVE}{k}")
             return (k, t)
 
         def unpack(packed: Any) -> torch.Tensor:
             k, t = packed
-            _marker(f"{UNPACK}{k}")
+            marker(f"{UNPACK}{k}")
             return t
 
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
@@ -516,7 +528,8 @@ class Recorder:
         if self._profiler is not None or self._undo or self._history_on:
             self._teardown(collect=False)
 
-    def _end_structure(self) -> None:
+    def end_structure(self) -> None:
+        """Stop the structure pass and keep its capture in `structure_capture`."""
         profiler = self._teardown(collect=True)
         self.log.known_end = self._optimizer_storages()
         self.structure_capture = self._export(profiler, "structure")
@@ -603,7 +616,9 @@ class Recorder:
             "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32),
                      "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "optimizer": _optimizer_label(self.optimizer),
+            "precision": None,  # what the step ran under autocast: the caller says
+            "optimizer": optimizer_name(self.optimizer),
+            "optimizer_config": optimizer_label(self.optimizer),
             "stream_names": smap,
             "iterations": {"warmup": self.schedule.count("warmup"),
                            "measured": self.schedule.count("measure"),
@@ -629,50 +644,37 @@ def record_step(step: Callable[[], Any], model: nn.Module,
     return rec.trace
 
 
-@dataclass
-class Training:
-    """A zoo model set up as the recorder trains it: `step()` is one iteration."""
-
-    net: nn.Module
-    opt: torch.optim.Optimizer
-    inputs: Any
-    target: Any
-    loss_fn: Any
-
-    def step(self) -> None:
-        args = self.inputs if isinstance(self.inputs, (tuple, list)) else (self.inputs,)
-        loss = self.loss_fn(self.net(*args), self.target)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-
-def sgd_training(model: str, batch: int, dev: torch.device) -> Training:
-    """Zoo model `model` at `batch` on `dev` in training mode, SGD (lr 0.01, momentum 0.9) on
-    synthetic data: forward, loss, backward, optimizer step, zero_grad(set_to_none=True)."""
-    net, (inputs, target), loss_fn = build_model(model, batch, dev)
-    net.train()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
-                          momentum=0.9)
-    return Training(net, opt, inputs, target, loss_fn)
+def sgd_training(model: str, batch: int, dev: torch.device) -> TrainingStep:
+    """Zoo model `model` at `batch` on `dev`, fp32 with SGD (momentum 0.9): the step every
+    recording before issue 17 ran (vsim.record.step.training_step with its defaults)."""
+    return training_step(model, batch, dev)
 
 
 def record_model(model: str, batch: int, device: str = "cuda", warmup: int = 3, iters: int = 10,
                  progress: Progress | None = None, timing_iters: int = 3,
-                 fit_gaps: bool = True) -> Trace:
-    """Record a zoo model (vsim.record.zoo) training with SGD (momentum 0.9) on synthetic data:
-    forward, cross-entropy loss, backward, optimizer step, zero_grad(set_to_none=True).
-    ConfigError for an unknown model or an unavailable device."""
+                 fit_gaps: bool = True, precision: str = "fp32", optimizer: str = "sgd",
+                 seq: int | None = None) -> Trace:
+    """Record a zoo model (vsim.record.zoo; `seq` for Hugging Face models) training on
+    synthetic data with vsim.record.step.training_step: forward and loss (under autocast for
+    bf16/fp16), backward, optimizer step, zero_grad(set_to_none=True). ConfigError for an
+    unknown model, precision or optimizer, or an unavailable device."""
+    check_choice(precision, optimizer)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("CUDA is not available here; record with --device cpu")
     say = progress or (lambda _m: None)
-    say(f"building {model} (batch {batch}) on {dev}")
-    t = sgd_training(model, batch, dev)
-    command = (f"vsim record {model} --batch {batch} --device {device} --warmup {warmup} "
-               f"--iters {iters}")
+    say(f"building {model} (batch {batch}{'' if seq is None else f', seq {seq}'}) on {dev}, "
+        f"{precision}, {optimizer}")
+    t = training_step(model, batch, dev, precision=precision, optimizer=optimizer, seq=seq)
+    command = (f"vsim record {model} --batch {batch}"
+               + ("" if seq is None else f" --seq {seq}")
+               + f" --precision {precision} --optimizer {optimizer} --device {device} "
+               f"--warmup {warmup} --iters {iters}")
+    meta: dict[str, Any] = {"model": model, "batch_size": batch, "command": command,
+                            **t.meta()}
+    if seq is not None or is_hf(model):
+        meta["seq_len"] = seq if seq is not None else default_seq(model)
     return record_step(t.step, t.net, t.opt, inputs=(t.inputs, t.target), loss_fn=t.loss_fn,
                        device=dev,
                        warmup=warmup, iters=iters, timing_iters=timing_iters, fit_gaps=fit_gaps,
-                       progress=progress, meta={"model": model, "batch_size": batch,
-                                                "command": command})
+                       progress=progress, meta=meta)

@@ -31,6 +31,7 @@ lacks is filled in:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import weakref
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from ..trace.importers import AllocDraft, MemRec, build_trace, short_op_name
 from ..trace.schema import Trace
 from . import recorder as _rec
 from .assemble import DISPATCH, StructureLog, structure_ops
+from .hf import default_seq, is_hf, meta_safe
+from .step import AUTOCAST_DTYPES, check_choice, step_from_parts
 from .zoo import build_model
 
 ALLOC = "vsim::a#"
@@ -163,14 +166,14 @@ class _MetaMemory:
         self.live[key] = (a, size)
         if self.recording:
             self.events.append((a, size))
-            _rec._marker(f"{ALLOC}{len(self.events) - 1}")
+            _rec.marker(f"{ALLOC}{len(self.events) - 1}")
 
     def _gone(self, key: int) -> None:
         self.addr_of.pop(key, None)
         hit = self.live.pop(key, None)
         if hit is not None and self.recording:
             self.events.append((hit[0], -hit[1]))
-            _rec._marker(f"{FREE}{len(self.events) - 1}")
+            _rec.marker(f"{FREE}{len(self.events) - 1}")
 
 
 def _is_view(func: Any) -> bool:
@@ -212,7 +215,7 @@ class _SynthDispatch(_rec._DispatchLog):
             if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
                 nbytes += x.numel() * x.element_size()
         flops = 0.0
-        formula = _rec._FLOPS.get(getattr(func, "overloadpacket", None))
+        formula = _rec.FLOPS.get(getattr(func, "overloadpacket", None))
         if formula is not None:
             try:
                 flops = float(formula(*args, **kwargs, out_val=out))
@@ -223,7 +226,7 @@ class _SynthDispatch(_rec._DispatchLog):
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
         self.calls.append((name, launches, _conv_info(name, args, out)))
-        _rec._marker(f"{DISPATCH}{n}")
+        _rec.marker(f"{DISPATCH}{n}")
         return out
 
 
@@ -273,6 +276,61 @@ class _CudaKernels(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Autocast on the meta device, which has no autocast kernels: the function-level emulation of
+# CUDA autocast's op lists (torch/csrc/autograd/autocast_mode.cpp) for the ops the zoo's and
+# Hugging Face's models call. Lower precision: matmuls, convolutions, attention. fp32: norms,
+# softmaxes, losses and the pointwise ops CUDA autocast runs in fp32 (pow, exp, log, rsqrt, sum).
+_AUTOCAST_LOW = {"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm",
+                 "baddbmm", "addbmm", "mv", "addmv", "einsum", "conv1d", "conv2d", "conv3d",
+                 "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                 "scaled_dot_product_attention", "prelu"}
+_AUTOCAST_FP32 = {"layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy",
+                  "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div",
+                  "binary_cross_entropy_with_logits", "pow", "__pow__", "exp", "log", "rsqrt",
+                  "reciprocal", "sum", "cumsum", "prod", "logsumexp", "softplus", "norm",
+                  "cosine_similarity"}
+
+
+class _MetaAutocast(TorchFunctionMode):
+    """torch.autocast as CUDA does it, emulated on meta tensors: floating arguments of the
+    lower-precision ops cast to `dtype`, of the fp32 ops to float32. Casts of parameters are
+    cached until the region ends, as autocast caches casts of leaf tensors that need gradients.
+    A cast is its own top-level op here (aten::to), where CUDA makes it inside the op that
+    needs it; the bytes and lifetimes are the same."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def _cast(self, x: Any, dtype: torch.dtype) -> Any:
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.dtype in (
+                dtype, torch.float64):
+            return x
+        leaf = x.is_leaf and x.requires_grad
+        if leaf and id(x) in self.cache:
+            return self.cache[id(x)]
+        y = x.to(dtype)
+        if leaf:
+            self.cache[id(x)] = y
+        return y
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        dtype = self.dtype if name in _AUTOCAST_LOW else \
+            torch.float32 if name in _AUTOCAST_FP32 else None
+        if dtype is not None:
+            args = tuple(self._cast(a, dtype) for a in args)
+            kwargs = {k: self._cast(v, dtype) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cache.clear()
+        super().__exit__(*exc)
+
+
 # ---------------------------------------------------------------- the synthesis
 
 class _MetaRecorder(_rec.Recorder):
@@ -288,12 +346,12 @@ class _MetaRecorder(_rec.Recorder):
         self.memory = memory
         self.log = StructureLog(device_type=META_DEVICE_CODE)
 
-    def _begin_structure(self) -> None:
+    def begin_structure(self) -> None:
         self.memory.recording = True
-        super()._begin_structure()
+        super().begin_structure()
 
-    def _end_structure(self) -> None:
-        super()._end_structure()
+    def end_structure(self) -> None:
+        super().end_structure()
         self.memory.recording = False
 
     def _finish(self) -> None:
@@ -303,28 +361,38 @@ class _MetaRecorder(_rec.Recorder):
 def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9-layout",
                block_bytes: int = 512, library_residents: bool = True,
                tf32: tuple[bool, bool] = (True, False), foreach: bool = True,
+               precision: str = "fp32", optimizer: str = "sgd", seq: int | None = None,
                progress: Callable[[str], None] | None = None) -> Trace:
-    """A trace of one training iteration of zoo `model` at `batch` (SGD with momentum 0.9,
-    cross-entropy, zero_grad(set_to_none=True): what `vsim record` runs), with op times from the
-    compute model on `hw`. `tf32` = (cuDNN convolutions, matmuls) as PyTorch's flags
-    (its defaults: True, False). ConfigError for an unknown model or workspace model."""
+    """A trace of one training iteration of zoo `model` at `batch` (`seq` for Hugging Face
+    models) as `vsim record` runs it (vsim.record.step: `precision`, `optimizer`, cross-entropy,
+    zero_grad(set_to_none=True)), with op times from the compute model on `hw`. `tf32` =
+    (cuDNN convolutions, matmuls) as PyTorch's flags (its defaults: True, False; precision
+    tf32 turns matmuls on). bf16/fp16 autocast is emulated (_MetaAutocast); fp16 has no grad
+    scaler here (its unscale needs values). ConfigError for an unknown model, workspace model,
+    precision or optimizer."""
     if workspace not in WORKSPACE_MODELS:
         raise ConfigError(f"unknown workspace model {workspace!r}; known: "
                           f"{', '.join(WORKSPACE_MODELS)}")
+    check_choice(precision, optimizer)
+    if precision == "tf32":
+        tf32 = (tf32[0], True)
     say = progress or (lambda _m: None)
-    say(f"building {model} (batch {batch}) on the meta device")
+    say(f"building {model} (batch {batch}{'' if seq is None else f', seq {seq}'}) on the meta "
+        f"device, {precision}, {optimizer}")
     with torch.device("meta"):
-        net, (inputs, target), loss_fn = build_model(model, batch, "meta")
-    net.train()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01,
-                          momentum=0.9, foreach=foreach)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-
-    def step() -> None:
-        loss = loss_fn(net(*args), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        net, (inputs, target), loss_fn = build_model(model, batch, "meta", seq=seq)
+    autocast = None
+    if precision in AUTOCAST_DTYPES:
+        dtype = AUTOCAST_DTYPES[precision]
+        autocast = lambda: _MetaAutocast(dtype)  # noqa: E731
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        training = step_from_parts(net, inputs, target, loss_fn, "meta", precision, optimizer,
+                                   autocast=autocast, foreach=foreach)
+    finally:  # synthesis does not change the process's flags; tf32 goes into meta
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    opt = training.opt
+    step = training.step
 
     memory = _MetaMemory(block_bytes)
     calls: list[tuple[str, bool, dict[str, Any] | None]] = []
@@ -338,7 +406,7 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
     _rec._DispatchLog = Dispatch  # type: ignore[misc]
     _rec._storage_bytes = lambda t: memory.size(t.untyped_storage().nbytes())  # type: ignore
     try:
-        with _CudaKernels():
+        with _CudaKernels(), (meta_safe() if is_hf(model) else contextlib.nullcontext()):
             rec = _MetaRecorder(net, opt, memory=memory, inputs=(inputs, target),
                                 loss_fn=loss_fn)
             with rec:
@@ -356,9 +424,12 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
         "device": "synthetic", "device_type": "meta", "torch": torch.__version__,
         "cuda": None, "cudnn": None, "recorder": SYNTH_VERSION, "hardware": hw.name,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": f"vsim synth {model} --batch {batch} --hw {hw.name}",
+        "command": f"vsim synth {model} --batch {batch}"
+                   + ("" if seq is None else f" --seq {seq}")
+                   + f" --precision {precision} --optimizer {optimizer} --hw {hw.name}",
         "dtype": "float32", "tf32": {"cudnn": tf32[0], "matmul": tf32[1]},
-        "cudnn_benchmark": False, "optimizer": _rec._optimizer_label(opt),
+        "cudnn_benchmark": False, **training.meta(),
+        "optimizer_config": _rec.optimizer_label(opt),
         "stream_names": {"0": "compute"},
         "synth": {"version": __version__, "workspace_model": workspace,
                   "block_bytes": block_bytes, "element_bytes": elem,
@@ -367,6 +438,8 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
                   "times": "vsim.compute model on " + hw.name},
         "structure_check": trace.meta.get("structure_check", {}),
     }
+    if seq is not None or is_hf(model):
+        meta["seq_len"] = seq if seq is not None else default_seq(model)
     trace = Trace(meta=meta, tensors=trace.tensors, ops=trace.ops)
     return with_model_times(trace, hw)
 

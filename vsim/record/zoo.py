@@ -1,5 +1,6 @@
 """Model zoo for recording: the vDNN paper's networks, deep VGG-N and ResNet-N, a GPT-2-small-sized
-encoder, torchvision models by name, tiny models for tests, and `module:callable` for users' own.
+encoder, Hugging Face transformers by name (vsim.record.hf), torchvision models by name, tiny
+models for tests, and `module:callable` for users' own.
 
 `build_model(name, batch, device)` returns (module, (inputs, target), loss_fn) with everything on
 `device`; one training step is `loss_fn(module(inputs), target).backward()`. Weights are initialised
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from .hf import HF_MODELS, build_hf
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -62,6 +64,8 @@ _DESCRIPTIONS: dict[str, str] = {
                         "(299 for inception_v3)",
     "MODULE:CALLABLE": "your own: CALLABLE(batch) returns (module, (inputs, target), loss_fn)",
 }
+_DESCRIPTIONS.update({name: f"{text} (needs transformers; --seq, default {seq})"
+                      for name, (text, seq) in HF_MODELS.items()})
 
 
 def list_models() -> dict[str, str]:
@@ -465,13 +469,21 @@ def _user(spec: str, batch: int, device: Any) -> tuple[nn.Module, tuple[Any, Any
     return model, (inputs, target), loss_fn
 
 
-def build_model(name: str, batch: int, device: Any) -> tuple[nn.Module, tuple[Any, Any], LossFn]:
-    """(module, (inputs, target), loss_fn) on `device`, weights from seed 0. ConfigError for an
-    unknown name (listing the known ones) or a bad batch size."""
+def build_model(name: str, batch: int, device: Any, seq: int | None = None
+                ) -> tuple[nn.Module, tuple[Any, Any], LossFn]:
+    """(module, (inputs, target), loss_fn) on `device`, weights from seed 0. `seq`: sequence
+    length of a Hugging Face model (vsim.record.hf; None: its default). ConfigError for an
+    unknown name (listing the known ones), a bad batch size or a `seq` the model cannot take."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch size must be a positive integer, got {batch!r}")
+    if seq is not None and name not in HF_MODELS:
+        raise ConfigError(f"--seq applies to the Hugging Face models ({', '.join(HF_MODELS)}), "
+                          f"not {name!r}")
     torch.manual_seed(0)
-    if name.startswith(("torchvision:", "tv:")):
+    loss_fn: LossFn
+    if name in HF_MODELS:
+        model, batch_data, loss_fn = build_hf(name, batch, seq, device, _tokens)
+    elif name.startswith(("torchvision:", "tv:")):
         model, batch_data, loss_fn = _torchvision(name.split(":", 1)[1], batch, device)
     elif ":" in name:
         model, batch_data, loss_fn = _user(name, batch, device)

@@ -121,14 +121,14 @@ def map_ops(step: Callable[[], Any], model: torch.nn.Module, optimizer: Any, inp
 
     rec = Recorder(model, optimizer, inputs=inputs, loss_fn=loss_fn, device=device)
     calls = _CallLog(rec.log.dispatch, device.type)
-    rec._begin_structure()
+    rec.begin_structure()
     try:
         with calls:
             step()
     except BaseException:
         rec._cleanup()
         raise
-    rec._end_structure()
+    rec.end_structure()
     sops, allocs, _ = structure_ops(rec.structure_capture, rec.log)
     gpu = device.type == "cuda"
     names = [short_op_name(s.draft.name) for s in sops]
