@@ -100,3 +100,30 @@ def test_wait_for_memory_blocks_until_an_offload_gives_memory_back():
 def test_wait_for_memory_still_reports_oom_when_nothing_is_in_flight():
     r = run(TWO, [], capacity=20_000, wait=True)
     assert not r["fits"] and r["oom"]["op"] == 1
+
+
+def _host_run(tr, actions, host):
+    from vsim.engine.simulator import Engine
+    plan = Plan(actions=tuple(actions))
+    return Engine(tr, hardware(), plan, make_allocator("exact").build(10**6), host=host).run()
+
+
+def test_recomputation_costs_its_host_time_where_the_host_has_no_lead():
+    """THREE as a recording (bounded host clock), a host taking 50 us per forward op and none
+    per backward op: the host issues op0..op2 at 0, 20, 40 (bounded by their recorded starts)
+    and op3..op5 at 40. Replayed unchanged nothing moves (150 us). Recomputing op1 before op3:
+    the host issues it at 40 + 50 = 90, so the GPU, idle since 60, runs it 90-110; op3 runs
+    110-140, op4 140-170, op5 170-200: 30 us more than the 170 without a host model (the host's
+    20 us lead hid the rest)."""
+    import dataclasses
+
+    from vsim.host import HostModel
+    recorded = dataclasses.replace(THREE, meta={**THREE.meta, "source": "measured"})
+    host = HostModel("test", by_name={}, by_phase={"fwd": 50.0, "bwd": 0.0}, per_weight_us=0.0)
+    assert _host_run(recorded, [], host).end_us == 150
+    actions = [Drop(2, after_op=2), Recompute(ops=(1,), before_op=3, tensors=(2,))]
+    assert _host_run(recorded, actions, None).end_us == 170
+    assert _host_run(recorded, actions, host).end_us == 200
+    # A synthesized trace has no recorded start to bound the host: 3 x 50 us of forward issue
+    # make op2 start at 150 (not 40), and the whole iteration ends at 150 + 20 + 90 = 260.
+    assert _host_run(THREE, [], host).end_us == 260

@@ -27,6 +27,9 @@ class Allocator:
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self.segment_allocs = 0  # cudaMalloc calls, for their time cost
+        # Driver calls since the engine last looked, for their host time (vsim.host):
+        # ("sync", 0) a device-wide synchronize, ("malloc" | "free", segment bytes).
+        self.driver_calls: list[tuple[str, int]] = []
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         raise NotImplementedError

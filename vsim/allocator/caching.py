@@ -70,6 +70,10 @@ class CachingAllocator(Allocator):
         if block is None:
             grow = segment_size(size)
             if self.reserved_bytes + grow > self.capacity_bytes:
+                # release_cached_blocks: synchronize the device, cudaFree every free segment
+                self.driver_calls.append(("sync", 0))
+                self.driver_calls += [("free", s.size) for p in self.pools.values()
+                                      for s in p.segments if s.is_free()]
                 self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
                 if self.reserved_bytes + grow > self.capacity_bytes:
                     return None
@@ -80,6 +84,7 @@ class CachingAllocator(Allocator):
             block = pool.add_segment(addr, grow, kind, stream)
             self.reserved_bytes += grow
             self.segment_allocs += 1
+            self.driver_calls.append(("malloc", grow))
         remaining = block.size - size
         split = remaining >= MIN_BLOCK if kind == "small" else remaining > SMALL_SIZE
         pool.take(block, size, split)

@@ -21,6 +21,7 @@ from ..allocator.base import Allocator, AllocatorSpec
 from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
+from ..host import HostModel, load_host_model
 from ..plan import Plan, Planner, Retime
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..workspace_free import memory_optimal_retimes
@@ -74,18 +75,21 @@ class SimResult:
 
 def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
-             workspace_fallback: bool | None = None) -> SimResult:
+             workspace_fallback: bool | None = None, host_time: bool | None = None
+             ) -> SimResult:
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
     at hand for its profiling runs."""
     capacity = _capacity(hw, capacity_bytes)
     plan = policy.plan_with(trace, hw, capacity, run_plan)
     return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
-                    workspace_fallback=workspace_fallback, label=policy.spec())
+                    workspace_fallback=workspace_fallback, host_time=host_time,
+                    label=policy.spec())
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
-             workspace_fallback: bool | None = None, label: str = "plan") -> SimResult:
+             workspace_fallback: bool | None = None, host_time: bool | None = None,
+             label: str = "plan") -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -103,6 +107,11 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
     Both default to on with an allocator that models PyTorch's (`caching`), off otherwise (the
     vDNN paper's framework on cnmem has neither). On the validation suite they take fits right
     from 68 to 69 of 70 and the time MAPE from 10.3% to 9.3% (docs/design.md, allocators).
+
+    `host_time`: the host's own time to issue ops, recomputations and the allocator's driver
+    calls (vsim.engine.hostclock), from the host model probed on `hw`'s machine
+    (hardware/host/NAME.yaml). Default: on for a PyTorch trace (meta.torch) when `hw` has a
+    host model; off otherwise (the recorded launch gaps alone).
     """
     capacity = _capacity(hw, capacity_bytes)
     memory = allocator.build(capacity)
@@ -111,7 +120,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
     fallback = _WorkspaceFree(trace, hw, plan) if workspace_fallback else None
-    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback)
+    host = None
+    if host_time or (host_time is None and trace.meta.get("torch")):
+        host = load_host_model(hw.name)
+    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host)
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
     return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)
 
@@ -152,14 +164,14 @@ class _WorkspaceFree(Mapping[int, Retime]):
 
 
 def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
-                first_iteration: bool, fallback: Mapping[int, Retime] | None
-                ) -> tuple[EngineOutput, Engine]:
+                first_iteration: bool, fallback: Mapping[int, Retime] | None,
+                host: HostModel | None = None) -> tuple[EngineOutput, Engine]:
     """The reported iteration, after the first one when `first_iteration` (see run_plan), and
     the engine that ran it."""
     resident = None
     if first_iteration:
         first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
-                       fallback=fallback)
+                       fallback=fallback, host=host)
         out = first.run()
         if out.oom is not None:
             out.notes.append("out of memory in the first iteration, which creates momentum and "
@@ -169,7 +181,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         if first.fell_back and fallback is not None:  # the engines PyTorch cached stay
             plan = dataclasses.replace(plan, actions=plan.actions + tuple(
                 fallback[o] for o in first.fell_back))
-    engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback)
+    engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
+                    host=host)
     out = engine.run()
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "

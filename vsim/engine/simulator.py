@@ -18,8 +18,10 @@ import simpy
 
 from ..allocator.base import Allocator
 from ..hardware import Hardware
+from ..host import HostModel
 from ..plan import Plan, PlanIndex, Recompute, Retime
 from ..trace.schema import Copy, Op, Tensor, Trace
+from .hostclock import HostClock
 from .memory import (
     DEVICE,
     DROPPED,
@@ -70,12 +72,14 @@ class Engine:
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
-                 fallback: Mapping[int, Retime] | None = None) -> None:
+                 fallback: Mapping[int, Retime] | None = None,
+                 host: HostModel | None = None) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
         convolution, its workspace-free algorithm, taken when its workspace cannot be had, as
-        PyTorch falls back to another cuDNN engine (ops that did: `fell_back`)."""
+        PyTorch falls back to another cuDNN engine (ops that did: `fell_back`). `host`: the
+        host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -110,6 +114,9 @@ class Engine:
         self.executed: list[ExecutedOp] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
+        self.clock = None if host is None else HostClock(trace, host)
+        self.allocator = allocator
+        allocator.driver_calls.clear()  # a previous iteration's were charged there
 
     # ------------------------------------------------------------ setup
 
@@ -259,10 +266,13 @@ class Engine:
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
         wait_for_memory = self.plan.wait_for_memory
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
+        clock, driver_calls = self.clock, self.allocator.driver_calls
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
             ready = prev_end + gap
+            if clock is not None and clock.ready_us(oid) > ready:
+                ready = clock.ready_us(oid)  # the GPU waits for the host to issue it
             if ready > env.now:
                 yield env.timeout(ready - env.now)
             if awaiting and not self._create_at_first_use(op):
@@ -315,6 +325,10 @@ class Engine:
                             self._out_of_memory(t, oid)
                             return
                         acted = True
+            if clock is not None and driver_calls:
+                churn_start = env.now
+                yield from self._driver_calls(oid)
+                stall += env.now - churn_start
             dur = self._duration(op) if acted or transfers.in_flight else op.dur_us
             start = env.now
             if dur > 0:
@@ -427,6 +441,37 @@ class Engine:
             if self.memory.where(t) is DEVICE:
                 self.memory.release(t, self.env.now, oid, DROPPED)
 
+    def _driver_calls(self, op: int) -> Generator[simpy.Event, Any, None]:
+        """The allocator's driver calls while `op`'s outputs were allocated, on the host: a
+        device-wide synchronize waits for every copy in flight (the compute stream is idle
+        here), then each cudaFree and cudaMalloc takes its probed time; the op launches after
+        them, and the host has no lead left (vsim.engine.hostclock)."""
+        assert self.clock is not None
+        costs = self.clock.alloc
+        calls = list(self.allocator.driver_calls)
+        self.allocator.driver_calls.clear()
+        if costs is None:
+            return
+        synced = False
+        spent = 0.0
+        for what, size in calls:
+            if what == "sync":
+                inflight = self.transfers.in_flight_events()
+                if inflight:
+                    yield self.env.all_of(inflight)
+                spent += costs.device_sync_us
+                synced = True
+            elif what == "free":
+                spent += costs.cuda_free.us(size)
+            else:
+                spent += costs.cuda_malloc.us(size)
+        self.clock.spend(spent)
+        if synced:
+            self.clock.synced(op, self.env.now + spent)
+        ready = self.clock.ready_us(op)
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
+
     def _recompute(self, rc: Recompute, before: Op) -> Generator[simpy.Event, Any, bool]:
         """Re-run forward ops. `rc.tensors` (dropped) come back and stay; any other tensor the
         chain writes that is not on the GPU (an intermediate the forward pass freed, a workspace,
@@ -451,6 +496,10 @@ class Engine:
                 if not (yield from self._alloc_waiting(t, before.id)):
                     return False
                 transient.append((t, where))
+            if self.clock is not None:  # the host issues the recomputed op first
+                self.clock.recompute(op)
+                if self.clock.ready_us(before.id) > self.env.now:
+                    yield self.env.timeout(self.clock.ready_us(before.id) - self.env.now)
             start = self.env.now
             dur = self._duration(op)
             if dur > 0:
