@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..units import format_size, format_time
-from .common import check_output, emit_json, parse_capacity, pct, progress
+from .common import check_outputs, emit_json, parse_capacity, pct, progress, spec_files
 
 
 def add_record_verbs(verbs: Any) -> None:
@@ -98,7 +98,8 @@ def add_compute_verbs(verbs: Any) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    # a model given as FILE.py:callable is an input too
+    check_outputs([("-o", args.output)], [args.model.rpartition(":")[0] or args.model])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     from ..record.recorder import record_model
@@ -112,7 +113,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [args.trace, args.model.rpartition(":")[0] or
+                                          args.model, *spec_files([args.policy, args.hw])])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     if args.iters < 1 or args.warmup < 0:
@@ -140,7 +142,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [args.input])
     from ..trace import importers, save_trace
 
     convert = (importers.import_torch_snapshot if args.kind == "torch-snapshot"
@@ -152,7 +154,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [])
     import yaml
 
     from ..hardware import parse_hardware
@@ -173,7 +175,7 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
     from ..hardware import load_hardware
     from ..trace import load_trace
 
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [*args.traces, args.benchmarks, *spec_files([args.hw])])
     hw = load_hardware(args.hw)
     if args.benchmarks:
         return _fit_to_benchmarks(args, hw)
@@ -272,7 +274,7 @@ def _fit_to_benchmarks(args: argparse.Namespace, hw: Any) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], spec_files([args.hw]))
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     from ..hardware import load_hardware

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..hardware import Hardware
 from ..policies.base import Plan, Policy, Retime
 from ..trace.schema import MemEvent, Op, Tensor, Trace
+from ..units import format_size
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
 __all__ = ["PlanError", "SimResult", "simulate"]
@@ -60,7 +61,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Policy, allocator: AllocatorSpe
     """
     capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
     if capacity <= 0:
-        raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
+        raise ConfigError(f"capacity must be above zero, got {format_size(capacity)}")
     plan = policy.plan(trace, hw, capacity)
     memory = allocator.build(capacity)
     if first_iteration is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from ..units import format_size
 from .base import Plan, Policy, choice, register
 from .layers import TraceView
 from .planning import (
@@ -81,7 +82,7 @@ class AccUDNN(Policy):
         notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped, {hidden} of them expected "
                  f"to hide under compute entirely"]
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
+            notes.append(f"accudnn: the static profile still exceeds {format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: nothing left to swap there")
         return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
                     wait_for_memory=True)

@@ -73,7 +73,7 @@ def memory_optimal_retimes(trace: Trace) -> tuple[list[Retime], list[str]]:
     notes = []
     if counts["modelled"]:
         notes.append(f"algo=memory: {counts['modelled']} convolution time(s) modelled "
-                     f"(implicit GEMM without workspace, vsim.compute on "
+                     f"(implicit GEMM without workspace, by the compute model of "
                      f"{trace.meta.get('hardware')})")
     if counts["estimated"]:
         notes.append(SLOWDOWN_NOTE + f" ({counts['estimated']} ops)")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from ..units import format_size
 from .base import Plan, Policy, choice, register
 from .layers import TraceView
 from .planning import (
@@ -110,7 +111,7 @@ class Hybrid(Policy):
         notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} expected to hide "
                  f"entirely), {len(ev.drops)} recomputed ({spent['recompute']:.0f} us)"]
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
+            notes.append(f"hybrid: the static profile still exceeds {format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: nothing left to evict there")
         return Plan(actions=(*ev.actions(), *retimes), notes=(*notes, *rnotes),
                     wait_for_memory=True)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from ..units import format_size
 from .algorithms import SLOWDOWN_NOTE, memory_optimal_retimes
 from .base import Action, Drop, Offload, Plan, Policy, Prefetch, Recompute, Release, Retime
 from .layers import TraceView
@@ -58,7 +59,7 @@ def algorithm_retimes(trace: Trace, view: TraceView, algo: str, budget: int,
     how = {n: sum(r.note == n for r in keep) for n in ("measured", "modelled", "estimated")}
     times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
     out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
-           f"would not fit otherwise: {names} (their times: {times}; see algorithms.py)"]
+           f"would not fit otherwise: {names} (their times: {times})"]
     if how["estimated"]:
         out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
     return keep, out
@@ -292,7 +293,8 @@ def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,
         report = check(trace, hw, plan, capacity_bytes)
         if report["fits"]:
             if budget < capacity_bytes:
-                return plan, [f"planned for {budget} B after {i} profiling run(s) did not fit"]
+                return plan, [f"planned for {format_size(budget)} after {i} profiling run(s) "
+                              "did not fit"]
             return plan, []
         oom = report["oom"]
         assert isinstance(oom, dict)
@@ -310,7 +312,8 @@ def fit_by_profiling(trace: Trace, hw: Hardware, capacity_bytes: int,
             if budget <= 0:
                 break
         plan = build(budget, forced)
-    return first, [f"no plan found that fits {capacity_bytes} B in {i + 1} profiling run(s); "
+    return first, [f"no plan found that fits {format_size(capacity_bytes)} in {i + 1} "
+                   f"profiling run(s); "
                    f"this is the plan for the full capacity"]
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from ..units import format_size
 from .base import Action, Drop, Plan, Policy, Retime, choice, register
 from .base import Recompute as RecomputeAction
 from .layers import TraceView
@@ -376,8 +377,8 @@ class Checkpointing(Policy):
             forced = forced | set(left[:step])
             step *= 2
         k = max(1, round(math.sqrt(seg.n)))
-        return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the model: "
-                                           f"fell back to sqrt)")
+        return self._fixed(seg, k, rnotes, f" (no segmentation fits {format_size(budget)} by the "
+                                           f"model: fell back to sqrt)")
 
     @staticmethod
     def _cuts(seg: Segmenter, budget: int) -> list[int] | None:

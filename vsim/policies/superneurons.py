@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
+from ..units import format_size
 from .base import Action, Drop, Plan, Policy, Recompute, choice, register
 from .layers import TraceView
 from .planning import (
@@ -210,7 +211,8 @@ class SuperNeurons(Policy):
             notes.append(f"superneurons: {n_others} feature map(s) other than CONV outputs "
                          f"evicted as well")
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"superneurons: the static profile still exceeds {budget} B at op "
+            notes.append(f"superneurons: the static profile still exceeds "
+                         f"{format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: no feature map left to evict there")
         return Plan(actions=(*actions, *ev.actions()), notes=tuple(notes),
                     pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),
