@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -23,6 +24,13 @@ EXIT_BAD_INPUT = 2
 
 class Parser(argparse.ArgumentParser):
     """Usage errors end like every other bad input: one line, exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # `--memory -1GiB`: a value that starts with a minus and a digit is a value (negative
+        # numbers with units), so that vsim's own check says what is wrong with it instead of
+        # argparse's "expected one argument"; no vsim option looks like -1.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> Any:
         self.exit(EXIT_BAD_INPUT, f"vsim: error: {message} (see `{self.prog} --help`)\n")

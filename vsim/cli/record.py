@@ -4,8 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..fileio import write_atomic
@@ -22,6 +28,8 @@ def add_record_verbs(verbs: Any) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="timed iterations for `measured`")
     p.add_argument("-o", "--output", required=True)
+    p.add_argument("--verbose", action="store_true", help="also print the recorder's "
+                   "checks (timing fit, structure check, the passes' join)")
     p.set_defaults(handler=cmd_record)
 
     p = verbs.add_parser("measure", help="train with a policy's plan carried out for real "
@@ -105,11 +113,59 @@ def cmd_record(args: argparse.Namespace) -> int:
     from ..record.recorder import record_model
     from ..trace import save_trace
 
-    trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
-                         iters=args.iters, progress=progress)
+    with _quiet_profiler() as err:
+        def phase(message: str) -> None:
+            line = _phase_line(message, args.verbose)
+            if line:
+                print(line, file=err, flush=True)
+        trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
+                             iters=args.iters, progress=phase)
     save_trace(trace, args.output)
     progress(f"wrote {args.output}")
     return 0
+
+
+# the recorder's lines that are checks rather than phases: shown with --verbose only
+_DETAIL_PREFIXES = ("timing: ", "structure check: ")
+# what Kineto prints on stderr at every profiler start and stop (no setting turns it off)
+_KINETO_LINE = re.compile(rb"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\]")
+
+
+def _phase_line(message: str, verbose: bool) -> str | None:
+    """One line per phase of the recording: the checks only with --verbose, the trace line
+    without its join counts."""
+    if verbose:
+        return message
+    if message.startswith(_DETAIL_PREFIXES):
+        return None
+    if message.startswith("trace: "):
+        return message.split("; join ")[0]
+    return message
+
+
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[TextIO]:
+    """Yield a stream on the real stderr for progress while file descriptor 2 goes to a
+    temporary file; afterwards pass on what was written there (warnings, errors) less
+    Kineto's lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    spool = tempfile.TemporaryFile()
+    os.dup2(spool.fileno(), 2)
+    real = os.fdopen(os.dup(saved), "w", encoding="utf-8", errors="replace")
+    try:
+        yield real
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        spool.seek(0)
+        kept = b"".join(line for line in spool if not _KINETO_LINE.match(line))
+        spool.close()
+        real.close()
+        if kept:
+            sys.stderr.write(kept.decode("utf-8", "replace"))
+            sys.stderr.flush()
 
 
 def cmd_measure(args: argparse.Namespace) -> int:

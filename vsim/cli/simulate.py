@@ -91,13 +91,19 @@ EXACT_NOTE = ("allocator exact: no fragmentation, standing in for PyTorch's expa
               "is caching")
 
 
+ALLOCATOR_NOTES = {
+    "caching": "the default: what PyTorch users get, PYTORCH_CUDA_ALLOC_CONF unset",
+    "exact": "stands in for PyTorch's expandable segments, "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which map pages as needed "
+             "and so hardly fragment"}
+
+
 def cpu_trace_note(trace: Any, hw: Any) -> str | None:
     """A trace recorded on a CPU keeps its CPU op times on a GPU profile: retargeting needs a
     GPU's compute model on both sides. Its memory figures hold; its times are the CPU's."""
-    device = str(trace.meta.get("device") or "")
-    on_cpu = device.lower() == "cpu" or (not trace.meta.get("hardware") and "cpu" in
-                                         device.lower())
-    if not on_cpu:
+    meta = trace.meta
+    on_cpu = meta.get("device_type") == "cpu" or str(meta.get("device") or "").lower() == "cpu"
+    if not on_cpu or meta.get("source") != "measured":
         return None
     return (f"the trace was recorded on a CPU: its op times are CPU times, kept on {hw.name} "
             "(retargeting applies to GPU traces only); memory figures hold, times do not "
@@ -333,9 +339,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         hardware.append({"name": name, "description": hw.description,
                          "memory_bytes": hw.memory_bytes, "capacity_bytes": hw.capacity_bytes,
                          "path": str(path)})
-    listing = {
+    allocators: list[dict[str, Any]] = [
+        describe_allocator(cls) for _, cls in sorted(allocator_registry().items())]
+    for entry in allocators:  # what each is to a PyTorch user
+        if entry["name"] in ALLOCATOR_NOTES:
+            entry["note"] = ALLOCATOR_NOTES[entry["name"]]
+    listing: dict[str, list[dict[str, Any]]] = {
         "policies": [describe(cls) for _, cls in sorted(registry().items())],
-        "allocators": [describe_allocator(cls) for _, cls in sorted(allocator_registry().items())],
+        "allocators": allocators,
         "hardware": hardware,
         "models": _models(),
     }
@@ -350,6 +361,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                                for f in entry["fields"])
             print(f"  {entry['name']:14} {entry['description']}" + (f"\n  {'':14} {fields}"
                                                                     if fields else ""))
+            if entry.get("note"):
+                print(f"  {'':14} note: {entry['note']}")
     print("hardware:")
     for h in hardware:
         print(f"  {h['name']:16} {format_size(cast(float, h['memory_bytes'])):>12}  "
