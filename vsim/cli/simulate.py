@@ -226,8 +226,9 @@ def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any], trace: A
         else:
             o = r["oom"] or {}
             figures = oom_text(r, trace)
-            need = (f"needed {format_size(o.get('need_bytes', 0))}, "
-                    f"{format_size(o.get('free_bytes', 0))} free")
+            need_bytes, free_bytes = o.get("need_bytes", 0), o.get("free_bytes", 0)
+            need = (f"needed {format_size(need_bytes)}, {format_size(free_bytes)} free"
+                    + (" in pieces" if need_bytes <= free_bytes else ""))
             if _NAME_WIDTH + len(figures) + len(need) + 3 <= _WIDTH:
                 figures = f"{figures}: {need}"
             else:  # a long layer name: the request on the next line
