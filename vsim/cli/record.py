@@ -105,9 +105,23 @@ def add_compute_verbs(verbs: Any) -> None:
     p.set_defaults(handler=cmd_synth_check)
 
 
+def model_source(model: str) -> str | None:
+    """The file a `module:callable` model is read from (an input no output may replace);
+    None for a zoo or torchvision name, or a module that cannot be found (recording says so)."""
+    module = model.partition(":")[0] if ":" in model else ""
+    if not module:
+        return None
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin and os.path.isfile(spec.origin) \
+        else None
+
+
 def cmd_record(args: argparse.Namespace) -> int:
-    # a model given as FILE.py:callable is an input too
-    check_outputs([("-o", args.output)], [args.model.rpartition(":")[0] or args.model])
+    check_outputs([("-o", args.output)], [model_source(args.model)])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     from ..record.recorder import record_model
@@ -169,8 +183,8 @@ def _quiet_profiler() -> Iterator[TextIO]:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    check_outputs([("-o", args.output)], [args.trace, args.model.rpartition(":")[0] or
-                                          args.model, *spec_files([args.policy, args.hw])])
+    check_outputs([("-o", args.output)], [args.trace, model_source(args.model),
+                                          *spec_files([args.policy, args.hw])])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     if args.iters < 1 or args.warmup < 0:

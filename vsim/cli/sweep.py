@@ -93,6 +93,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     plot_dir = Path(args.plot) if args.plot else None
     if plot_dir is not None and not plot_dir.is_dir() and not plot_dir.parent.is_dir():
         raise ConfigError(f"--plot: folder {str(plot_dir.parent)!r} does not exist")
+    if plot_dir is not None and plot_dir.exists() and not plot_dir.is_dir():
+        raise ConfigError(f"--plot: {args.plot!r} is a file; give a folder for the plots")
     traces, hws = axis("trace", args.trace, None), axis("hw", args.hw, None)
     policies = axis("policy", args.policy, ["none"])
     allocators = axis("allocator", args.allocator, ["caching"])
