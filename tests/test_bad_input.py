@@ -50,7 +50,7 @@ def test_the_carriers_are_good(tmp_path, capsys):
     """The cases break one thing each in good.vsim.json / good-hw.yaml: those must run."""
     timeline = tmp_path / "t.vsim.json.gz"
     assert main(["run", str(BAD / "good.vsim.json"), "--hw", str(BAD / "good-hw.yaml"),
-                 "--timeline", str(timeline), "--json"]) == 0
+                 "--timeline", str(timeline), "--allocator", "exact", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     # w 1,000 + x 500 resident; y 1,500 at op 0 and z 1,500 at op 1 make 4,500; dw 1,000 at
     # op 2 makes 5,500 before y and z are freed at its end.
@@ -58,7 +58,7 @@ def test_the_carriers_are_good(tmp_path, capsys):
     assert timeline.exists()
     # 1,500 B (the resident bytes) is the smallest capacity that is not refused.
     assert main(["run", str(BAD / "good.vsim.json"), "--hw", str(BAD / "good-hw.yaml"),
-                 "--memory", "1500B", "--json"]) == 0
+                 "--memory", "1500B", "--allocator", "exact", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["fits"] is False and report["oom"]["op"] == 0  # out of memory is a result
 

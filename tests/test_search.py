@@ -230,7 +230,7 @@ def test_search_command_saves_a_plan_that_run_executes(files, capsys):
     trace_path, hw_path, tmp = files
     plan = str(tmp / "plan.json")
     assert main(["search", trace_path, "--hw", hw_path, "--memory", "6MiB", "-o", plan,
-                 "--json", "--budget", "30"]) == 0
+                 "--json", "--budget", "30", "--allocator", "exact"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["search"]["iteration_time_us"] == pytest.approx(30_000)
     assert out["search"]["report"]["policy"] == f"plan:file={plan}"
@@ -240,7 +240,7 @@ def test_search_command_saves_a_plan_that_run_executes(files, capsys):
     saved = json.loads((tmp / "plan.json").read_text())
     assert saved["trace"]["path"] == trace_path and saved["capacity_bytes"] == CAP
     assert main(["run", trace_path, "--hw", hw_path, "--memory", "6MiB", "--policy",
-                 f"plan:file={plan}", "--json"]) == 0
+                 f"plan:file={plan}", "--json", "--allocator", "exact"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["fits"] and report["iteration_time_us"] == pytest.approx(30_000)
 
@@ -249,7 +249,7 @@ def test_a_plan_for_another_trace_is_one_line_and_exit_2(files, capsys):
     trace_path, hw_path, tmp = files
     plan = str(tmp / "plan.json")
     assert main(["search", trace_path, "--hw", hw_path, "--memory", "6MiB", "-o", plan,
-                 "--no-builtins", "--budget", "30"]) == 0
+                 "--no-builtins", "--budget", "30", "--allocator", "exact"]) == 0
     capsys.readouterr()
     other = tmp / "other.vsim.json.gz"
     save_trace(chain(4, act_bytes=2 * MiB, fwd_us=5_000, bwd_us=5_000), other)

@@ -98,12 +98,16 @@ def plot_run(trace: Trace, report: dict[str, Any], path: str) -> None:
 
 def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
     """Predicted against measured iteration time and peak allocated, one point per case, with
-    the identity line and the cases outside tolerance in red."""
+    the identity line; in each panel the cases outside that panel's own tolerance in red (a
+    time miss does not colour the peak panel)."""
+    from .validate import metric_ok
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    for ax, key, scale, unit, label in (
-            (axes[0], "iteration_time_us", 1e3, "ms", "iteration time"),
-            (axes[1], "peak_allocated_bytes", GIB, "GiB", "peak allocated")):
-        pts = [(r["measured"][key] / scale, r["predicted"][key] / scale, r["ok"], r["id"])
+    for ax, key, metric, scale, unit, label in (
+            (axes[0], "iteration_time_us", "iteration_time", 1e3, "ms", "iteration time"),
+            (axes[1], "peak_allocated_bytes", "peak_allocated", GIB, "GiB", "peak allocated")):
+        pts = [(r["measured"][key] / scale, r["predicted"][key] / scale, metric_ok(r, metric),
+                r["id"])
                for r in rows if r["measured"].get(key) is not None and r["measured"]["fits"]
                and r["predicted"]["fits"]]
         if pts:
@@ -118,7 +122,8 @@ def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
             ax.set_ylim(0, hi)
         ax.set_xlabel(f"measured {label} ({unit})")
         ax.set_ylabel(f"predicted {label} ({unit})")
-        ax.set_title(f"{label}: {len(pts)} cases")
+        misses = sum(not o for _, _, o, _ in pts)
+        ax.set_title(f"{label}: {len(pts)} cases, {misses} outside tolerance")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -11,6 +11,7 @@ capacity, where the measured result is, and the tolerances:
     memory: 12GiB             # optional, default the profile's capacity
     measured: trace           # the trace's own `measured` block, or a JSON file from `vsim measure`
     tolerance: {iteration_time: 10%, peak_allocated: 3%}
+    family: plain-cnn         # optional, default from the model's name (FAMILIES)
 
 A file may hold one case or a list under `cases:`. Paths are relative to the repository root
 (the folder holding validation/), so cases run from anywhere.
@@ -31,6 +32,15 @@ from .hardware import parse_percent
 from .units import parse_size
 
 METRICS = ("iteration_time", "peak_allocated", "peak_reserved")
+# A case's family when its file names none: the first prefix of its trace's (or id's) name, in
+# order (so that "resnet" does not take "wide_resnet" before it could be told apart).
+FAMILIES: tuple[tuple[str, str], ...] = (
+    ("alexnet", "plain-cnn"), ("overfeat", "plain-cnn"), ("vgg", "plain-cnn"),
+    ("handmade", "plain-cnn"), ("wide_resnet", "resnet"), ("resnext", "resnet"),
+    ("resnet", "resnet"), ("googlenet", "inception"), ("inception", "inception"),
+    ("densenet", "densenet"), ("mobilenet", "mobile-cnn"), ("efficientnet", "mobile-cnn"),
+    ("gpt", "transformer"), ("bert", "transformer"), ("vit", "transformer"),
+    ("transformer", "transformer"))
 DEFAULT_TOLERANCE = {"iteration_time": 0.10, "peak_allocated": 0.03}
 
 
@@ -45,6 +55,7 @@ class Case:
     measured: str            # "trace" or a path
     tolerance: dict[str, float]
     source: str              # the case file, for messages
+    family: str = "other"    # the model's family, for the per-family summary
 
 
 def repo_root(start: Path) -> Path:
@@ -97,7 +108,7 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
         if not entry.get(key):
             raise ConfigError(f"missing required field {key!r}", where)
     known = {"id", "trace", "hardware", "policy", "allocator", "memory", "measured", "tolerance",
-             "note"}
+             "note", "family"}
     unknown = set(entry) - known
     if unknown:
         raise ConfigError(f"unknown field(s) {', '.join(sorted(unknown))}; valid: "
@@ -112,11 +123,25 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
     if measured != "trace":
         measured = str(root / measured)
     memory = entry.get("memory")
+    family = entry.get("family")
+    if family is not None and (not isinstance(family, str) or not family.strip()):
+        raise ConfigError(f"family: expected a name such as plain-cnn, got {family!r}", where)
     return Case(id=str(entry["id"]), trace=root / str(entry["trace"]),
                 hardware=str(entry["hardware"]), policy=str(entry["policy"]),
                 allocator=str(entry.get("allocator", "exact")),
                 memory_bytes=None if memory is None else parse_size(memory, f"{where}: memory"),
-                measured=measured, tolerance=tolerance, source=str(f))
+                measured=measured, tolerance=tolerance, source=str(f),
+                family=family or family_of(Path(str(entry["trace"])).name, str(entry["id"])))
+
+
+def family_of(*names: str) -> str:
+    """The family of the first of `names` (trace file name, case id) that FAMILIES knows."""
+    for name in names:
+        low = name.lower()
+        for prefix, family in FAMILIES:
+            if low.startswith(prefix):
+                return family
+    return "other"
 
 
 def measured_result(case: Case, trace_measured: Any) -> dict[str, Any]:
@@ -174,14 +199,16 @@ def run_case(case: Case, first_iteration: bool | None = None,
         error[metric] = err
         if metric in case.tolerance and err is not None and abs(err) > case.tolerance[metric]:
             ok = False
-    return {"id": case.id, "predicted": predicted, "measured": measured, "error": error,
+    return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
+            "predicted": predicted, "measured": measured, "error": error,
             "tolerance": case.tolerance, "ok": ok}
 
 
 def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
              first_iteration: bool | None = None, workspace_fallback: bool | None = None
              ) -> dict[str, Any]:
-    """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct}}."""
+    """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct},
+    by_family: {family: summary}, by_policy: {policy name: summary}}."""
     rows = []
     for i, case in enumerate(cases, 1):
         if progress:
@@ -190,7 +217,24 @@ def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
             rows.append(run_case(case, first_iteration, workspace_fallback))
         except VsimError as exc:
             raise ConfigError(f"case {case.id}: {exc}", case.source) from None
-    return {"cases": rows, "summary": summarize(rows)}
+    return {"cases": rows, "summary": summarize(rows), "by_family": summarize_by(rows, "family"),
+            "by_policy": summarize_by(rows, "policy")}
+
+
+def summarize_by(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    """The summary of each group of rows with one value of `key`, groups sorted by name."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r[key]), []).append(r)
+    return {name: summarize(groups[name]) for name in sorted(groups)}
+
+
+def metric_ok(row: dict[str, Any], metric: str) -> bool:
+    """Whether one metric of a validated case is within its tolerance (no figure to compare, or
+    no tolerance for it: true; the case's fits must still agree)."""
+    fits = row["predicted"]["fits"] == bool(row["measured"]["fits"])
+    err, tol = row["error"].get(metric), row["tolerance"].get(metric)
+    return fits and (err is None or tol is None or abs(err) <= tol)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -82,7 +82,8 @@ def memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], li
     notes = []
     if counts["modelled"]:
         notes.append(f"algo=memory: {counts['modelled']} convolution time(s) modelled "
-                     f"(implicit GEMM without workspace, vsim.compute on {hw.name})")
+                     f"(implicit GEMM without workspace, by the compute model of "
+                     f"{hw.name})")
     if counts["estimated"]:
         notes.append(SLOWDOWN_NOTE + f" ({counts['estimated']} ops)")
     return retimes, notes

@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..units import format_size, format_time
-from .common import check_output, emit_json, parse_capacity, pct, progress
+from .common import check_outputs, emit_json, parse_capacity, pct, progress, spec_files
 
 
 def add_record_verbs(verbs: Any) -> None:
@@ -23,6 +29,8 @@ def add_record_verbs(verbs: Any) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations for `measured`")
     add_step_flags(p)
     p.add_argument("-o", "--output", required=True)
+    p.add_argument("--verbose", action="store_true", help="also print the recorder's "
+                   "checks (timing fit, structure check, the passes' join)")
     p.set_defaults(handler=cmd_record)
 
     p = verbs.add_parser("measure", help="train with a policy's plan carried out for real "
@@ -110,23 +118,88 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
                    help="sgd (momentum 0.9), adam or adamw; default sgd")
 
 
+def model_source(model: str) -> str | None:
+    """The file a `module:callable` model is read from (an input no output may replace);
+    None for a zoo or torchvision name, or a module that cannot be found (recording says so)."""
+    module = model.partition(":")[0] if ":" in model else ""
+    if not module:
+        return None
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin and os.path.isfile(spec.origin) \
+        else None
+
+
 def cmd_record(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [model_source(args.model)])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     from ..record.recorder import record_model
     from ..trace import save_trace
 
-    trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
-                         iters=args.iters, progress=progress, precision=args.precision,
-                         optimizer=args.optimizer, seq=args.seq)
+    with _quiet_profiler() as err:
+        def phase(message: str) -> None:
+            line = _phase_line(message, args.verbose)
+            if line:
+                print(line, file=err, flush=True)
+        trace = record_model(args.model, args.batch, device=args.device, warmup=args.warmup,
+                             iters=args.iters, progress=phase,
+                             precision=args.precision, optimizer=args.optimizer,
+                             seq=args.seq)
     save_trace(trace, args.output)
     progress(f"wrote {args.output}")
     return 0
 
 
+# the recorder's lines that are checks rather than phases: shown with --verbose only
+_DETAIL_PREFIXES = ("timing: ", "structure check: ")
+# what Kineto prints on stderr at every profiler start and stop (no setting turns it off)
+_KINETO_LINE = re.compile(rb"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\]")
+
+
+def _phase_line(message: str, verbose: bool) -> str | None:
+    """One line per phase of the recording: the checks only with --verbose, the trace line
+    without its join counts."""
+    if verbose:
+        return message
+    if message.startswith(_DETAIL_PREFIXES):
+        return None
+    if message.startswith("trace: "):
+        return message.split("; join ")[0]
+    return message
+
+
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[TextIO]:
+    """Yield a stream on the real stderr for progress while file descriptor 2 goes to a
+    temporary file; afterwards pass on what was written there (warnings, errors) less
+    Kineto's lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    spool = tempfile.TemporaryFile()
+    os.dup2(spool.fileno(), 2)
+    real = os.fdopen(os.dup(saved), "w", encoding="utf-8", errors="replace")
+    try:
+        yield real
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        spool.seek(0)
+        kept = b"".join(line for line in spool if not _KINETO_LINE.match(line))
+        spool.close()
+        real.close()
+        if kept:
+            sys.stderr.write(kept.decode("utf-8", "replace"))
+            sys.stderr.flush()
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [args.trace, model_source(args.model),
+                                          *spec_files([args.policy, args.hw])])
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     if args.iters < 1 or args.warmup < 0:
@@ -154,7 +227,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [args.input])
     from ..trace import importers, save_trace
 
     convert = (importers.import_torch_snapshot if args.kind == "torch-snapshot"
@@ -166,7 +239,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [])
     import yaml
 
     from ..hardware import parse_hardware
@@ -187,7 +260,7 @@ def cmd_fit_compute(args: argparse.Namespace) -> int:
     from ..hardware import load_hardware
     from ..trace import load_trace
 
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [*args.traces, args.benchmarks, *spec_files([args.hw])])
     hw = load_hardware(args.hw)
     if args.benchmarks:
         return _fit_to_benchmarks(args, hw)
@@ -286,7 +359,7 @@ def _fit_to_benchmarks(args: argparse.Namespace, hw: Any) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], spec_files([args.hw]))
     if args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     from ..hardware import load_hardware

@@ -7,7 +7,14 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..units import format_size, format_time
-from .common import check_capacity, check_output, emit_json, parse_capacity, progress
+from .common import (
+    check_capacity,
+    check_outputs,
+    emit_json,
+    parse_capacity,
+    progress,
+    spec_files,
+)
 
 
 def add_search(verbs: Any) -> None:
@@ -19,7 +26,8 @@ def add_search(verbs: Any) -> None:
     p.add_argument("--hw", required=True, help="hardware profile name or path")
     p.add_argument("--memory", help="device capacity, e.g. 12GiB (default: the profile's "
                    "memory less the CUDA context)")
-    p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
+    p.add_argument("--allocator", default="caching", help="allocator spec (default: caching, "
+                   "PyTorch's default allocator; exact stands in for its expandable segments)")
     p.add_argument("-o", "--output", help="write the plan here (JSON); run it with "
                    "--policy plan:file=PATH")
     p.add_argument("--budget", default="60", metavar="SECONDS", help="stop the search after "
@@ -56,8 +64,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from ..search.run import run_search
     from ..trace import load_trace
 
-    if args.output:
-        check_output(args.output, "-o")
+    check_outputs([("-o", args.output)], [args.trace, *spec_files([args.hw, args.allocator])])
     budget = _budget_s(args.budget)
     if args.kicks < 0:
         raise ConfigError(f"--kicks must be at least 0, got {args.kicks}")

@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from collections.abc import Callable
 from typing import Any, cast
 
 from ..errors import ConfigError
 from ..units import format_size, format_time
-from .common import check_capacity, check_output, emit_json, parse_capacity, pct, progress
+from .common import (
+    StagedOutputs,
+    check_capacity,
+    check_outputs,
+    emit_json,
+    parse_capacity,
+    pct,
+    progress,
+    spec_files,
+    strict_json,
+)
 
 
 def add_run_inspect_list(verbs: Any) -> None:
     """The verbs run, inspect and list."""
     p = verbs.add_parser("run", help="simulate a trace under a policy")
     p.add_argument("trace", help="trace file (.vsim.json.gz)")
-    p.add_argument("--hw", required=True, help="hardware profile name (see `vsim list`) or path")
+    p.add_argument("--hw", required=True, help="hardware profile name (see `vsim list`) or "
+                   "path, optionally with hypothetical links as in sweep: "
+                   "h100-sxm:link=16GB/s (keys h2d, d2h, link, duplex)")
     p.add_argument("--memory", help="device capacity to simulate, e.g. 12GiB (default: the "
                    "profile's memory less the CUDA context)")
     p.add_argument("--policy", action="append", help="policy spec NAME[:key=value,...]; give "
                    "several to compare them side by side (default: none)")
-    p.add_argument("--allocator", default="exact", help="allocator spec (default: exact)")
+    p.add_argument("--allocator", default="caching", help="allocator spec (default: caching, "
+                   "PyTorch's default allocator; exact stands in for its expandable segments)")
     p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction, help="run a "
                    "training process's first iteration before the reported one, on the same "
                    "allocator (its segments and fragmentation carry over; default: with the "
@@ -31,6 +45,8 @@ def add_run_inspect_list(verbs: Any) -> None:
                    "engine (default: with the caching allocator)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
                    "when several policies are given)")
+    p.add_argument("--verbose", action="store_true", help="also print compute, stall and "
+                   "recompute time, average allocated, prefetched and pinned host bytes")
     p.add_argument("--timeline", help="write the predicted trace (Perfetto-viewable) here")
     p.add_argument("--plot", help="write a PNG of memory over time and stream activity here")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -69,23 +85,61 @@ def add_compare(verbs: Any) -> None:
 
 
 
+# What `exact` is to a PyTorch user: said wherever it is used or listed.
+EXACT_NOTE = ("allocator exact: no fragmentation, standing in for PyTorch's expandable segments "
+              "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); PyTorch's default allocator "
+              "is caching")
+
+
+ALLOCATOR_NOTES = {
+    "caching": "the default: what PyTorch users get, PYTORCH_CUDA_ALLOC_CONF unset",
+    "exact": "stands in for PyTorch's expandable segments, "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which map pages as needed "
+             "and so hardly fragment"}
+
+
+def cpu_trace_note(trace: Any, hw: Any) -> str | None:
+    """A trace recorded on a CPU keeps its CPU op times on a GPU profile: retargeting needs a
+    GPU's compute model on both sides. Its memory figures hold; its times are the CPU's."""
+    meta = trace.meta
+    on_cpu = meta.get("device_type") == "cpu" or str(meta.get("device") or "").lower() == "cpu"
+    if not on_cpu or meta.get("source") != "measured":
+        return None
+    return (f"the trace was recorded on a CPU: its op times are CPU times, kept on {hw.name} "
+            "(retargeting applies to GPU traces only); memory figures hold, times do not "
+            "predict a GPU")
+
+
+def run_notes(trace: Any, hw: Any, allocator_spec: str) -> list[str]:
+    """Notes on the whole run (not one policy's), in text and in the JSON report."""
+    notes = []
+    if allocator_spec.split(":")[0].strip() == "exact":
+        notes.append(EXACT_NOTE)
+    cpu = cpu_trace_note(trace, hw)
+    if cpu:
+        notes.append(cpu)
+    return notes
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ..allocator import make_allocator
     from ..engine import simulate
-    from ..hardware import load_hardware
     from ..policies import make_policy
     from ..retarget import for_hardware, hardware_with_overrides
+    from ..sweep import AMPLE_BYTES, load_hw_spec
     from ..trace import load_trace, save_trace
 
     specs = args.policy or ["none"]
     if (args.timeline or args.plot) and len(specs) > 1:
         raise ConfigError("--timeline and --plot take one --policy at a time")
-    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
-        if path:
-            check_output(path, flag)
+    check_outputs([("--timeline", args.timeline), ("--plot", args.plot)],
+                  [args.trace, *spec_files([args.hw, args.allocator, *specs])])
     # Parse every input before simulating anything, so bad input fails fast and writes nothing.
     capacity = parse_capacity(args.memory)
-    hw = hardware_with_overrides(args.hw, args.set) if args.set else load_hardware(args.hw)
+    if args.set and ":" in args.hw:
+        raise ConfigError("--hw NAME:KEY=RATE and --set both change the profile: give the "
+                          "link's rates as --set link.bandwidth=... (or h2d/d2h keys) instead")
+    hw = hardware_with_overrides(args.hw, args.set) if args.set else load_hw_spec(args.hw)
     policies = [make_policy(s) for s in specs]
     allocator = make_allocator(args.allocator)
     trace = load_trace(args.trace)
@@ -98,67 +152,124 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"({format_size(hw.capacity_bytes)}): simulating a larger card")
     results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration,
                         args.workspace_fallback) for p in policies]
-    if args.timeline:
-        save_trace(results[0].predicted, args.timeline)
-    if args.plot:
-        from ..plots import plot_run
-        plot_run(results[0].predicted, results[0].report, args.plot)
-    if args.json:
-        emit_json(results[0].report if len(results) == 1 else [r.report for r in results])
-    else:
-        print(format_reports([r.report for r in results], trace.meta))
+    # the slowdown's reference, as a sweep's: no policy with room for everything
+    base = simulate(trace, hw, make_policy("none"), allocator, AMPLE_BYTES,
+                    args.first_iteration, args.workspace_fallback).report
+    base_us = base["iteration_time_us"] if base["fits"] else None
+    notes = run_notes(trace, hw, args.allocator)
+    reports = []
+    for r in results:
+        report = dict(r.report)
+        report["baseline_iteration_time_us"] = base_us
+        report["slowdown"] = (report["iteration_time_us"] / base_us
+                              if report["fits"] and base_us else None)
+        report["notes"] = [*report["notes"], *notes]
+        reports.append(report)
+    # every output computed and written to temporaries first, renamed together at the end
+    with StagedOutputs() as staged:
+        if args.timeline:
+            save_trace(results[0].predicted, staged.path(args.timeline))
+        if args.plot:
+            from ..plots import plot_run
+            plot_run(results[0].predicted, results[0].report, staged.path(args.plot))
+        text = (strict_json(reports[0] if len(reports) == 1 else reports, indent=2)
+                if args.json else format_reports(reports, trace.meta, trace, args.verbose))
+    print(text)
     return 0
 
 
-_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("fits", "fits", lambda v: "yes" if v else "NO (out of memory)"),
-    ("iteration time", "iteration_time_us", format_time),
-    ("compute time", "compute_time_us", format_time),
-    ("stall time", "stall_time_us", format_time),
-    ("recompute time", "recompute_time_us", format_time),
-    ("peak allocated", "peak_allocated_bytes", format_size),
-    ("peak reserved", "peak_reserved_bytes", format_size),
-    ("average allocated", "avg_allocated_bytes", format_size),
-    ("offloaded (D2H)", "d2h_bytes", format_size),
-    ("prefetched (H2D)", "h2d_bytes", format_size),
-    ("pinned host peak", "pinned_host_peak_bytes", format_size),
+_DETAILS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("compute", "compute_time_us", format_time),
+    ("stall", "stall_time_us", format_time),
+    ("recompute", "recompute_time_us", format_time),
+    ("avg alloc", "avg_allocated_bytes", format_size),
+    ("prefetched", "h2d_bytes", format_size),
+    ("pinned host", "pinned_host_peak_bytes", format_size),
 ]
+_NAME_WIDTH = 30
+_WIDTH = 100
 
 
-def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """Reports side by side, one column per policy."""
+def oom_text(report: dict[str, Any], trace: Any | None) -> str:
+    """Where an out-of-memory run stopped: 'out of memory at op N (layer L)'."""
+    o = report["oom"] or {}
+    if o.get("op") is None:
+        return "out of memory before the first op"
+    layer = None
+    if trace is not None:
+        layer = next((op.layer for op in trace.ops if op.id == o["op"]), None)
+    return f"out of memory at op {o['op']}" + (f" (layer {layer})" if layer else "")
+
+
+def format_reports(reports: list[dict[str, Any]], meta: dict[str, Any], trace: Any = None,
+                   verbose: bool = False) -> str:
+    """One row per policy (within 100 columns): iteration time, slowdown against no policy at
+    ample capacity, peaks and offloaded bytes; an out-of-memory row says where it stopped
+    instead of a time. `verbose`: a second block with the other figures."""
     first = reports[0]
     head = (f"{meta.get('model', '?')} batch {meta.get('batch_size', '?')} "
             f"({meta.get('source', '?')} on {meta.get('device', '?')}) on {first['hardware']}, "
             f"capacity {format_size(first['capacity_bytes'])}, allocator {first['allocator']}")
-    names = [r["policy"] for r in reports]
-    width = max(22, *(len(n) + 2 for n in names))
-    lines = [head, "", f"{'':20}" + "".join(f"{n:>{width}}" for n in names)]
-    for label, key, fmt in _ROWS:
-        cells = []
-        for r in reports:
-            cell = fmt(r[key])
-            if key == "iteration_time_us" and not r["fits"]:
-                cell = f"(stopped at {cell})"  # an out-of-memory run has no iteration time
-            cells.append(f"{cell:>{width}}")
-        lines.append(f"{label:20}" + "".join(cells))
+    lines = [_wrap(head), "", f"{'policy':{_NAME_WIDTH}} {'iteration':>11} {'slowdown':>9} "
+             f"{'peak alloc':>11} {'peak resv':>11} {'offloaded':>11}"]
     for r in reports:
-        if r["oom"]:
-            o = r["oom"]
-            where = "before the first op" if o["op"] is None else f"at op {o['op']}"
-            lines.append(f"{r['policy']}: out of memory {where}: needed "
-                         f"{format_size(o['need_bytes'])}, {format_size(o['free_bytes'])} free")
-        for note in r["notes"]:
-            lines.append(f"{r['policy']}: {note}")
+        name = r["policy"]
+        if len(name) > _NAME_WIDTH:  # a long spec on its own line, the figures below it
+            lines.append(name)
+            name = ""
+        if r["fits"]:
+            slow = "-" if r.get("slowdown") is None else f"{r['slowdown']:.2f}x"
+            figures = (f"{format_time(r['iteration_time_us']):>11} {slow:>9} "
+                       f"{format_size(r['peak_allocated_bytes']):>11} "
+                       f"{format_size(r['peak_reserved_bytes']):>11} "
+                       f"{format_size(r['d2h_bytes']):>11}")
+        else:
+            o = r["oom"] or {}
+            figures = oom_text(r, trace)
+            need_bytes, free_bytes = o.get("need_bytes", 0), o.get("free_bytes", 0)
+            need = (f"needed {format_size(need_bytes)}, {format_size(free_bytes)} free"
+                    + (" in pieces" if need_bytes <= free_bytes else ""))
+            if _NAME_WIDTH + len(figures) + len(need) + 3 <= _WIDTH:
+                figures = f"{figures}: {need}"
+            else:  # a long layer name: the request on the next line
+                lines.append(f"{name:{_NAME_WIDTH}} {figures}")
+                name, figures = "", f"  {need}"
+        lines.append(f"{name:{_NAME_WIDTH}} {figures}")
+    base = first.get("baseline_iteration_time_us")
+    lines.append("slowdown: iteration time over no policy's with ample memory ("
+                 + (format_time(base) if base else "it does not run even then") + ")")
+    if verbose:
+        lines += ["", f"{'policy':{_NAME_WIDTH}} " + " ".join(
+            f"{label:>10}" for label, _, _ in _DETAILS)]
+        for r in reports:
+            name = r["policy"]
+            if len(name) > _NAME_WIDTH:
+                lines.append(name)
+                name = ""
+            lines.append(f"{name:{_NAME_WIDTH}} " + " ".join(
+                f"{fmt(r[key]):>10}" for _, key, fmt in _DETAILS))
+        lines.append(_wrap("(times: compute, stall, recompute; bytes: average allocated, "
+                           "prefetched (H2D), pinned host peak; an out-of-memory run's up to where "
+                           "it stopped)"))
+    shared = set(reports[0]["notes"]).intersection(*(r["notes"] for r in reports))
+    texts = [f"{r['policy']}: {note}" for r in reports for note in r["notes"]
+             if note not in shared]
+    texts += [f"note: {note}" for note in reports[0]["notes"] if note in shared]
     if first.get("retargeted_from"):
-        lines.append(f"op times retargeted from {first['retargeted_from']} to "
+        texts.append(f"op times retargeted from {first['retargeted_from']} to "
                      f"{first['hardware']} through the compute model")
     measured = first.get("measured")
     if measured:
-        lines.append(f"measured (no policy, on {meta.get('device', '?')}): iteration "
+        texts.append(f"measured (no policy, on {meta.get('device', '?')}): iteration "
                      f"{format_time(measured['iteration_time_us'])}, peak allocated "
                      f"{format_size(measured['peak_allocated_bytes'])}")
+    lines += [_wrap(t) for t in texts]
     return "\n".join(lines)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, _WIDTH, subsequent_indent="  ", break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -229,9 +340,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         hardware.append({"name": name, "description": hw.description,
                          "memory_bytes": hw.memory_bytes, "capacity_bytes": hw.capacity_bytes,
                          "path": str(path)})
-    listing = {
+    allocators: list[dict[str, Any]] = [
+        describe_allocator(cls) for _, cls in sorted(allocator_registry().items())]
+    for entry in allocators:  # what each is to a PyTorch user
+        if entry["name"] in ALLOCATOR_NOTES:
+            entry["note"] = ALLOCATOR_NOTES[entry["name"]]
+    listing: dict[str, list[dict[str, Any]]] = {
         "policies": [describe(cls) for _, cls in sorted(registry().items())],
-        "allocators": [describe_allocator(cls) for _, cls in sorted(allocator_registry().items())],
+        "allocators": allocators,
         "hardware": hardware,
         "models": _models(),
     }
@@ -246,6 +362,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                                for f in entry["fields"])
             print(f"  {entry['name']:14} {entry['description']}" + (f"\n  {'':14} {fields}"
                                                                     if fields else ""))
+            if entry.get("note"):
+                print(f"  {'':14} note: {entry['note']}")
     print("hardware:")
     for h in hardware:
         print(f"  {h['name']:16} {format_size(cast(float, h['memory_bytes'])):>12}  "
@@ -268,8 +386,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..compare import compare, save_merged
     from ..trace import load_trace
 
-    if args.merge:
-        check_output(args.merge, "--merge")
+    check_outputs([("--merge", args.merge)], [args.a, args.b])
     a, b = load_trace(args.a), load_trace(args.b)
     result = compare(a, b, args.a, args.b)
     if args.merge:

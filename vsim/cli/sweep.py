@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .common import check_output, emit_json, progress
+from .common import check_outputs, emit_json, progress, spec_files
 
 
 def add_sweep(verbs: Any) -> None:
@@ -24,7 +24,8 @@ def add_sweep(verbs: Any) -> None:
                    "LOW..HIGH/STEP (4GiB..24GiB/0.5GiB), or default (the profile's)")
     p.add_argument("--policy", nargs="+", action="extend", help="policy specs (default: none)")
     p.add_argument("--allocator", nargs="+", action="extend",
-                   help="allocator specs (default: exact)")
+                   help="allocator specs (default: caching, PyTorch's default "
+                   "allocator; exact stands in for its expandable segments)")
     p.add_argument("-o", "--output", action="append", help="results file, .csv or .jsonl "
                    "(repeat for both); configurations already in it are skipped")
     p.add_argument("--workers", type=int,
@@ -87,17 +88,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return default
 
     outputs = axis("output", args.output, None)
-    for path in outputs:
-        check_output(path, "-o")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     plot_dir = Path(args.plot) if args.plot else None
     if plot_dir is not None and not plot_dir.is_dir() and not plot_dir.parent.is_dir():
         raise ConfigError(f"--plot: folder {str(plot_dir.parent)!r} does not exist")
-    grid = build_grid(axis("trace", args.trace, None), axis("hw", args.hw, None),
-                      axis("memory", args.memory, ["default"]),
-                      axis("policy", args.policy, ["none"]),
-                      axis("allocator", args.allocator, ["exact"]), where=where)
+    if plot_dir is not None and plot_dir.exists() and not plot_dir.is_dir():
+        raise ConfigError(f"--plot: {args.plot!r} is a file; give a folder for the plots")
+    traces, hws = axis("trace", args.trace, None), axis("hw", args.hw, None)
+    policies = axis("policy", args.policy, ["none"])
+    allocators = axis("allocator", args.allocator, ["caching"])
+    # results are appended to an existing output (resume); only the inputs are refused
+    check_outputs([("-o", path) for path in outputs],
+                  [args.file, *map(str, traces),
+                   *spec_files([str(h).partition(":")[0] for h in hws]),
+                   *spec_files(map(str, [*policies, *allocators]))])
+    grid = build_grid(traces, hws, axis("memory", args.memory, ["default"]), policies,
+                      allocators, where=where)
     if plot_dir is not None:
         plot_dir.mkdir(exist_ok=True)  # only once the grid is known to be good
     summary = run_sweep(grid, outputs, workers=args.workers, scheduler=args.scheduler,

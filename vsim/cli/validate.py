@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..units import format_size, format_time
-from .common import check_output, emit_json, pct, progress
+from .common import check_outputs, emit_json, pct, progress, strict_json
 
 
 def add_validate_bench(verbs: Any) -> None:
@@ -18,9 +18,9 @@ def add_validate_bench(verbs: Any) -> None:
     p.add_argument("cases", nargs="*", default=["validation/cases"],
                    help="case files or folders (default: validation/cases)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", default="validation/predicted-vs-measured.png",
-                   help="scatter plot of predicted against measured (default: %(default)s; "
-                   "'none' for no plot)")
+    p.add_argument("--plot", metavar="FILE.png", help="write a scatter plot of predicted "
+                   "against measured here (default: none; the repository's is "
+                   "validation/predicted-vs-measured.png)")
     p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction,
                    help="simulate each case's first iteration first (see vsim run)")
     p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction,
@@ -102,20 +102,20 @@ def _gib(b: float) -> str:
 def _validate_cases(cases: Any, args: argparse.Namespace) -> int:
     from ..validate import validate
 
-    if args.plot != "none":
-        check_output(args.plot, "--plot")
+    plot = None if args.plot in (None, "none") else args.plot  # 'none': as before
+    inputs = [*args.cases, *(c.source for c in cases), *(str(c.trace) for c in cases),
+              *(c.measured for c in cases if c.measured != "trace")]
+    check_outputs([("--plot", plot)], inputs)
     result = validate(cases, progress=None if args.json else progress,
                       first_iteration=args.first_iteration,
                       workspace_fallback=args.workspace_fallback)
-    if args.plot != "none":
+    text = strict_json(result, indent=2) if args.json else format_validation(result)
+    if plot:
         from ..plots import plot_validation
-        plot_validation(result["cases"], args.plot)
-    if args.json:
-        emit_json(result)
-    else:
-        print(format_validation(result))
-        if args.plot != "none":
-            print(f"plot: {args.plot}")
+        plot_validation(result["cases"], plot)
+    print(text)
+    if plot and not args.json:
+        print(f"plot: {plot}")
     return 0 if all(r["ok"] for r in result["cases"]) else 1
 
 
@@ -142,6 +142,17 @@ def format_validation(result: dict[str, Any]) -> str:
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
                  f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
                  f"{pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    for title, key in (("family", "by_family"), ("policy", "by_policy")):
+        groups = result.get(key) or {}
+        if not groups:
+            continue
+        lines += ["", f"{'by ' + title:22} {'cases':>5} {'ok':>4} {'time MAPE':>10} "
+                      f"{'peak MAPE':>10} {'fits right':>10}"]
+        for name, g in groups.items():
+            lines.append(f"{name[:22]:22} {g['n']:5d} {g['ok']:4d} "
+                         f"{pct(g['time_mape']).lstrip('+'):>10} "
+                         f"{pct(g['peak_mape']).lstrip('+'):>10} "
+                         f"{str(g['fits_correct']) + '/' + str(g['n']):>10}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from ..hardware import Hardware
 from ..host import HostModel, load_host_model
 from ..plan import Plan, Planner, Retime
 from ..trace.schema import MemEvent, Op, Tensor, Trace
+from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
@@ -131,7 +132,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
 def _capacity(hw: Hardware, capacity_bytes: int | None) -> int:
     capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
     if capacity <= 0:
-        raise ConfigError(f"capacity must be above zero, got {capacity} bytes")
+        raise ConfigError(f"capacity must be above zero, got {format_size(capacity)}")
     return capacity
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..plan import Plan
 from ..spec import choice
+from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
 from .planning import free_time_us, jit_prefetch_slots
@@ -69,7 +70,7 @@ class AccUDNN(FittedPolicy):
         notes = [f"accudnn: {len(ev.swaps)} feature map(s) swapped, {hidden} of them expected "
                  f"to hide under compute entirely"]
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"accudnn: the static profile still exceeds {budget} B at op "
+            notes.append(f"accudnn: the static profile still exceeds {format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: nothing left to swap there")
         return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)

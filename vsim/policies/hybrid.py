@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..plan import Plan
 from ..spec import choice
+from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
@@ -103,7 +104,7 @@ class Hybrid(FittedPolicy):
         notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} expected to hide "
                  f"entirely), {len(ev.drops)} recomputed ({spent['recompute']:.0f} us)"]
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"hybrid: the static profile still exceeds {budget} B at op "
+            notes.append(f"hybrid: the static profile still exceeds {format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: nothing left to evict there")
         return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)

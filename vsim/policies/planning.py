@@ -56,10 +56,8 @@ def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, bu
     names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
     how = {n: sum(r.note == n for r in keep) for n in ("measured", "modelled", "estimated")}
     times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
-    # The note names algorithms.py (now vsim/workspace_free.py): kept word for word, as reports
-    # are held byte-identical across refactorings (tools/golden_reports.py).
     out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
-           f"would not fit otherwise: {names} (their times: {times}; see algorithms.py)"]
+           f"would not fit otherwise: {names} (their times: {times})"]
     if how["estimated"]:
         out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
     return keep, out

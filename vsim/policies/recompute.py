@@ -43,6 +43,7 @@ import numpy as np
 from ..plan import Action, Drop, Plan, Retime
 from ..plan import Recompute as RecomputeAction
 from ..spec import choice
+from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
@@ -364,8 +365,8 @@ class Checkpointing(FittedPolicy):
             a = a.forcing(set(left[:step]))
             step *= 2
         k = max(1, round(math.sqrt(seg.n)))
-        return self._fixed(seg, k, rnotes, f" (no segmentation fits {budget} B by the model: "
-                                           f"fell back to sqrt)")
+        return self._fixed(seg, k, rnotes, f" (no segmentation fits {format_size(budget)} by the "
+                                           f"model: fell back to sqrt)")
 
     @staticmethod
     def _cuts(seg: Segmenter, budget: int) -> list[int] | None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ..plan import Action, Drop, Plan, Recompute
 from ..spec import choice
+from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
 from .layers import TraceView
@@ -201,7 +202,8 @@ class SuperNeurons(FittedPolicy):
             notes.append(f"superneurons: {n_others} feature map(s) other than CONV outputs "
                          f"evicted as well")
         if (x := ev.usage.over(budget)) is not None:
-            notes.append(f"superneurons: the static profile still exceeds {budget} B at op "
+            notes.append(f"superneurons: the static profile still exceeds "
+                         f"{format_size(budget)} at op "
                          f"{view.ops[x // 2].id}: no feature map left to evict there")
         return Plan(actions=(*actions, *ev.actions()), notes=tuple(notes),
                     pinned_pool_bytes=host_pool_bytes(view, ev.swaps.values()),

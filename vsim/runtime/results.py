@@ -234,4 +234,4 @@ def summary_line(result: dict[str, Any]) -> str:
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:
     """Atomically (a temporary file renamed), with a trailing newline."""
-    write_atomic(path, json.dumps(result, indent=1) + "\n")
+    write_atomic(path, json.dumps(result, indent=1, allow_nan=False) + "\n")
