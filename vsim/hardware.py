@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import HardwareError, UnitError
-from .units import load_yaml, parse_flops, parse_rate, parse_size, parse_time
+from .safeload import read_yaml
+from .units import parse_flops, parse_rate, parse_size, parse_time
 
 HARDWARE_DIR_ENV = "VSIM_HARDWARE_DIR"
 
@@ -118,16 +117,7 @@ def load_hardware(name_or_path: str) -> Hardware:
             known = ", ".join(sorted(list_hardware())) or "none found"
             raise HardwareError(f"unknown hardware {name_or_path!r}; known: {known}")
     where = str(path)
-    try:
-        doc = load_yaml(path.read_text())
-    except OSError as exc:
-        raise HardwareError(f"cannot read profile: {exc.strerror or exc}", where) from None
-    except UnicodeDecodeError:
-        raise HardwareError("not a text YAML file (binary data)", where) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise HardwareError(f"invalid YAML{at}", where) from None
+    doc = read_yaml(path, HardwareError, "profile")
     return parse_hardware(doc, where)
 
 

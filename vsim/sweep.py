@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError, VsimError
 from .hardware import CopyPath, Hardware, LinkDirection, load_hardware
+from .safeload import read_yaml
 from .trace.schema import Trace
 from .units import parse_rate, parse_size
 
@@ -177,14 +176,7 @@ def load_sweep_file(path: str) -> dict[str, list[Any]]:
     """A YAML sweep file: a mapping with the axes `trace`, `hw`, `memory`, `policy`,
     `allocator` (each one value or a list) and optionally `output`. Trace paths are relative to
     the file's folder. ConfigError names the file and the key."""
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read sweep file: {exc.strerror or exc}", path) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"invalid YAML{at}", path) from None
+    doc = read_yaml(path, ConfigError, "sweep file")
     if not isinstance(doc, dict):
         raise ConfigError("a sweep file is a mapping of axes (trace, hw, memory, policy, "
                           "allocator, output)", path)

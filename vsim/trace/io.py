@@ -14,11 +14,11 @@ import json
 import math
 import os
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..safeload import parse_json, read_bytes
 from . import migrate
 from .schema import (
     COPY_DIRECTIONS,
@@ -144,32 +144,15 @@ def default_file_mode() -> int:
 
 def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
     """The file's bytes, gunzipped when they start with gzip's magic number; TraceError naming
-    the file when it cannot be read ("cannot read {what}: ...") or its gzip data is corrupt."""
-    where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        label = f"cannot read {what}" if what else "cannot read"
-        raise TraceError(f"{label}: {exc.strerror or exc}", where) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"corrupt gzip data ({exc})", where) from None
-    return raw
+    the file when it cannot be read ("cannot read {what}: ..."), its gzip data is corrupt, or
+    it is larger than safeload's input limit once decompressed (a gzip bomb)."""
+    return read_bytes(path, TraceError, what)
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
     where = str(path)
-    raw = read_maybe_gzip(path, "trace")
-    try:
-        doc = json.loads(raw)
-    except UnicodeDecodeError:
-        raise TraceError("not a text JSON file (binary data)", where) from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                         where) from None
+    doc = parse_json(read_maybe_gzip(path, "trace"), where, TraceError)
     return trace_from_json(doc, where)
 
 
