@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, VsimError
-from .hardware import CopyPath, Hardware, LinkDirection, load_hardware
-from .safeload import read_yaml
+from .hardware import CopyPath, Hardware, LinkDirection, check_bound, load_hardware
+from .safeload import read_yaml, strict_dumps
 from .trace.schema import Trace
 from .units import parse_rate, parse_size
 
@@ -230,6 +230,10 @@ def load_hw_spec(spec: str) -> Hardware:
             raise ConfigError(exc.message, f"hardware {name}: {key}") from None
         if rate <= 0:
             raise ConfigError(f"hardware {name}: {key} must be above zero")
+        try:  # the profile's own bounds: no Infinity/NaN can come out of a sweep
+            check_bound(rate, "bandwidth", f"hardware {name}: {key}={raw.strip()}")
+        except VsimError as exc:
+            raise ConfigError(exc.message, exc.where) from None
         if key == "link":
             changes["h2d"] = changes["d2h"] = rate
         else:
@@ -362,7 +366,7 @@ def _csv_cell(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, (list, tuple)):
-        return json.dumps(list(v))
+        return strict_dumps(list(v))
     if isinstance(v, float):
         return repr(v)
     return str(v).replace("\n", " ")  # one line per row: the resume reader relies on it
@@ -451,7 +455,7 @@ class ResultWriter:
             writer.writerow([_csv_cell(row.get(c)) for c in self.header])
             text = buf.getvalue()
         else:
-            text = json.dumps(row, allow_nan=False, default=str) + "\n"
+            text = strict_dumps(row, default=str) + "\n"
         self.handle.write(text)
         self.handle.flush()
         self.keys.add(key)
