@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, VsimError
+from .errors import ConfigError, VsimError, WorkerError
 from .hardware import CopyPath, Hardware, LinkDirection, check_bound, load_hardware
 from .safeload import read_yaml, strict_dumps
 from .trace.schema import Trace
@@ -409,19 +409,23 @@ class ResultWriter:
         self.header: list[str] = []
         self.keys: set[tuple[str, ...]] = set()
         existed = self.path.exists()
-        self.handle = self.path.open("a", newline="")
-        self._lock()
         if existed:
-            self._cut_incomplete_line()
-            rows = read_rows(str(self.path))
-            self.keys = {row_key(r) for r in rows}
-            if self.csv:
-                with self.path.open(newline="") as f:
-                    self.header = next(csv.reader(f), [])
-                if self.header and list(self.header[:len(KEY_COLUMNS)]) != list(KEY_COLUMNS):
-                    self.handle.close()
-                    raise ConfigError("not a vsim sweep CSV (its first columns are not "
-                                      f"{', '.join(KEY_COLUMNS)})", str(path))
+            _check_sweep_output(self.path)  # before the file is opened for writing at all
+        self.created = not existed
+        self.handle = self.path.open("a", newline="")
+        try:
+            self._lock()
+            if existed:
+                _check_sweep_output(self.path)  # again, under the lock: it may have changed
+                self._cut_incomplete_line()
+                rows = read_rows(str(self.path))
+                self.keys = {row_key(r) for r in rows}
+                if self.csv:
+                    with self.path.open(newline="") as f:
+                        self.header = next(csv.reader(f), [])
+        except BaseException:
+            self.handle.close()
+            raise
 
     def _lock(self) -> None:
         """Two sweeps appending to one file would each miss the other's rows."""
@@ -432,7 +436,6 @@ class ResultWriter:
         try:
             fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.handle.close()
             raise ConfigError("another sweep is writing to this file", str(self.path)) from None
 
     def _cut_incomplete_line(self) -> None:
@@ -489,6 +492,58 @@ class ResultWriter:
     def close(self) -> None:
         self.handle.close()
 
+    def discard(self) -> None:
+        """Close, and remove the file when this writer created it and wrote nothing."""
+        self.close()
+        if self.created and not self.keys and not self.header:
+            self.path.unlink(missing_ok=True)
+
+
+def _check_sweep_output(path: Path) -> None:
+    """ConfigError unless the existing file at `path` is empty or a vsim sweep output: UTF-8
+    text whose CSV header starts with the key columns, or whose JSONL lines are objects with
+    them (an incomplete last line, an interrupted write, is allowed). Checked before anything
+    is cut or appended: a foreign .csv/.jsonl or a binary file is left untouched."""
+    where = str(path)
+    try:
+        with path.open("rb") as f:
+            data = f.read(_MAX_CHECK_BYTES)
+    except OSError as exc:
+        raise ConfigError(f"cannot read output: {exc.strerror or exc}", where) from None
+    if not data:
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(data) - 4:  # not just a character cut by the read's size limit
+            raise ConfigError("not a vsim sweep output (binary data); choose another output "
+                              "file", where) from None
+        text = data[:exc.start].decode("utf-8")
+    lines = text.split("\n")
+    complete = lines[:-1]  # the last piece has no newline yet: incomplete or cut by the limit
+    if path.suffix == ".csv":
+        header = next(csv.reader(io.StringIO(lines[0])), [])
+        if len(lines) > 1 and header[:len(KEY_COLUMNS)] != list(KEY_COLUMNS):
+            raise ConfigError("not a vsim sweep CSV (its first columns are not "
+                              f"{', '.join(KEY_COLUMNS)}); choose another output file", where)
+        if len(lines) == 1 and not ",".join(KEY_COLUMNS).startswith(lines[0]):
+            raise ConfigError("not a vsim sweep CSV (no header line); choose another output "
+                              "file", where)
+        return
+    for n, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            row = None
+        if not isinstance(row, dict) or not all(c in row for c in KEY_COLUMNS):
+            raise ConfigError(f"line {n}: not a vsim sweep row (a JSON object with "
+                              f"{', '.join(KEY_COLUMNS)}); choose another output file", where)
+
+
+_MAX_CHECK_BYTES = 1 << 26  # 64 MiB of a large output are checked; its rows are read later
+
 
 def read_rows(path: str) -> list[dict[str, Any]]:
     """Rows of a sweep output (.csv or .jsonl) with values typed back (numbers, booleans,
@@ -544,7 +599,16 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
     worker mid-sweep). Local processes by default (`workers`, default the usable CPUs; 1 runs in
     this process), a Dask cluster when `scheduler` is an address."""
     start = time.perf_counter()
-    writers = [ResultWriter(p) for p in outputs]
+    if scheduler:
+        scheduler = check_scheduler(scheduler)
+    writers: list[ResultWriter] = []
+    try:
+        for p in outputs:
+            writers.append(ResultWriter(p))
+    except BaseException:
+        for w in writers:
+            w.discard()  # an output created for this sweep is not left behind, empty
+        raise
     try:
         configs = grid.configs()
         todo = [c for c in configs if any(c.key() not in w.keys for w in writers)]
@@ -571,7 +635,7 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
         if scheduler:
             n = _run_dask(todo, scheduler, accept)
         else:
-            n = _run_local(todo, workers, accept)
+            n = _run_local(todo, workers, accept, [w.handle.fileno() for w in writers])
     finally:
         for w in writers:
             w.close()
@@ -602,9 +666,12 @@ def _usable_cpus() -> int:
 
 
 def _run_local(todo: list[Config], workers: int | None,
-               accept: Callable[[dict[str, Any]], None]) -> int:
+               accept: Callable[[dict[str, Any]], None], fds: Sequence[int] = ()) -> int:
+    """Run on `workers` local processes (forked); `fds`: the outputs' descriptors, which the
+    workers close."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     n = workers or _usable_cpus()
     if n == 1 or len(todo) <= 1:
@@ -614,17 +681,70 @@ def _run_local(todo: list[Config], workers: int | None,
     methods = multiprocessing.get_all_start_methods()
     # fork: the workers inherit the traces the parent loaded while checking the grid.
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init,
+                             initargs=(os.getpid(), fds)) as pool:
         futures = [pool.submit(_run_chunk, chunk) for chunk in _chunks(todo, n)]
         try:
             for fut in as_completed(futures):
                 for result in fut.result():
                     accept(result)
+        except BrokenProcessPool:
+            raise WorkerError("a local sweep worker died (killed, or out of memory); the rows "
+                              "written so far are kept: run the sweep again to resume") from None
         except BaseException:
             for fut in futures:
                 fut.cancel()
             raise
     return n
+
+
+def _worker_init(parent_pid: int, fds: Sequence[int]) -> None:
+    """In each forked worker: die with the parent (a SIGKILLed sweep must leave no workers
+    running), and close the inherited output files, whose flock the workers would otherwise
+    keep after the parent is gone (a resumed sweep would find the output locked)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if hasattr(os, "sched_getaffinity"):  # Linux: prctl(PR_SET_PDEATHSIG, SIGKILL)
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss", "inproc")
+
+
+def check_scheduler(address: str) -> str:
+    """A Dask scheduler address, [SCHEME://]HOST:PORT (scheme one of _SCHEMES, port 1-65535),
+    stripped; ConfigError naming --scheduler otherwise (checked before any output is opened:
+    Dask's own message for a malformed address is a traceback)."""
+    where = "--scheduler"
+    text = address.strip() if isinstance(address, str) else ""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "tcp", text
+    if scheme not in _SCHEMES:
+        raise ConfigError(f"{address!r}: unknown scheme {scheme!r}; expected "
+                          f"{'|'.join(_SCHEMES)}://HOST:PORT", where)
+    if scheme == "inproc":
+        return text
+    host, colon, port = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address
+    if not colon or not host or any(c.isspace() or c in "/?#@" for c in host) \
+            or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{address!r} is not an address SCHEME://HOST:PORT (e.g. "
+                          "tcp://10.0.0.5:8786)", where)
+    return text
 
 
 def _run_dask(todo: list[Config], address: str,
@@ -635,7 +755,7 @@ def _run_dask(todo: list[Config], address: str,
         raise ConfigError("--scheduler needs Dask: pip install 'vsim[sweep]'") from None
     try:
         client = Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise ConfigError(f"cannot reach the Dask scheduler: {exc}", address) from None
     try:
         n = len(client.scheduler_info().get("workers", {}))
