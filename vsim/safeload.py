@@ -45,8 +45,9 @@ def max_input_bytes() -> int:
 
 
 def _too_large(limit: int) -> str:
-    return (f"more than {limit} bytes ({limit / 2**20:.0f} MiB) once decompressed; refused "
-            f"as a safeguard (set {MAX_INPUT_ENV} to a larger number of bytes to read it)")
+    size = f"{limit} bytes" + (f" ({limit / 2**20:.0f} MiB)" if limit >= 2**20 else "")
+    return (f"more than {size} once decompressed; refused as a safeguard against "
+            f"decompression bombs (set {MAX_INPUT_ENV} to a larger number of bytes to read it)")
 
 
 def read_bytes(path: str | os.PathLike[str], error: type[VsimError], what: str = "") -> bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import importlib
 import io
-import json
+import math
 import pickle
 import re
 from collections import Counter
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..safeload import parse_json
 from .io import read_maybe_gzip
 from .schema import MEM_ACTIONS, Kernel, Measured, MemEvent, Op, Tensor, Trace
 
@@ -178,11 +179,8 @@ def _int(value: Any, default: int | None = None) -> int | None:
 def load_chrome(path: str | Path) -> Any:
     """Read a Chrome-trace JSON file, gzip or plain; TraceError naming the file if unreadable."""
     where = str(path)
-    raw = read_maybe_gzip(path)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"not a Chrome-trace JSON file ({exc})", where) from None
+    return parse_json(read_maybe_gzip(path), where, TraceError, finite=True,
+                      what="Chrome-trace JSON")  # bounded; NaN/Infinity named by JSON path
 
 
 def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
@@ -855,8 +853,8 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise TraceError(f"{p}.{key}: expected a non-negative integer, got {v!r}", where)
         t = e.get("time_us", 0)
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise TraceError(f"{p}.time_us: expected a number, got {t!r}", where)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TraceError(f"{p}.time_us: expected a finite number, got {t!r}", where)
     live_at_end = {addr: size for addr, size, state in snapshot_blocks(snap["segments"],
                                                                           device, where)
                    if state == "active_allocated"}

@@ -10,6 +10,7 @@ on load and an error names the file and the JSON path of the first bad value.
 from __future__ import annotations
 
 import bisect
+import gc
 import gzip
 import json
 import math
@@ -153,8 +154,16 @@ def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
     where = str(path)
-    doc = parse_json(read_maybe_gzip(path, "trace"), where, TraceError)
-    return trace_from_json(doc, where)
+    # The cyclic garbage collector finds nothing to free in a document being built, but its
+    # passes over millions of new containers cost more than the parse (1M ops: 60% of it).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        doc = parse_json(read_maybe_gzip(path, "trace"), where, TraceError)
+        return trace_from_json(doc, where)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:

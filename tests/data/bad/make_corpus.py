@@ -538,7 +538,19 @@ def build() -> tuple[dict[str, bytes], list[dict[str, Any]]]:
                  [": iterations[0]: ", "first_entry 9 is outside the 2 entries"])
     option_case("inspect-hardware-profile", [], "a hardware profile given to inspect",
                 ["{hw}: invalid JSON at line 1"], ["inspect", "{hw}"])
+    _sibling("corpus_limits").add(case, trace_case, hw_case, option_case, good, good_hw(), gz,
+                                  cases)
     return files, cases
+
+
+def _sibling(name: str) -> Any:
+    """A module of this folder (this script is also loaded by path, not as a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def manifest_text(cases: list[dict[str, Any]]) -> str:
