@@ -9,12 +9,12 @@ on load and an error names the file and the JSON path of the first bad value.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import gzip
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ from typing import Any
 from ..errors import TraceError
 from ..safeload import parse_json, read_bytes
 from . import migrate
+from .order import StreamOrder as _StreamOrder
+from .order import first_repeat as _first_repeat
 from .schema import (
     COPY_DIRECTIONS,
     FORMAT,
@@ -317,6 +319,9 @@ class _Reader:
                                           f"{path}.peak_reserved_bytes"))
 
     def tensor(self, value: Any, path: str) -> Tensor:
+        fast = _fast_tensor(value)
+        if fast is not None:
+            return fast
         t = self.obj(value, path)
         producer = t.get("producer")
         return Tensor(
@@ -328,6 +333,11 @@ class _Reader:
             consumers=self.ids(t.get("consumers", []), f"{path}.consumers"))
 
     def op(self, ev: dict[str, Any], path: str) -> Op:
+        """The op of an "X"/"op" event: `_fast_op` for a well-formed one, else the field-by-field
+        checks below, which name the first bad value."""
+        fast = _fast_op(ev)
+        if fast is not None:
+            return fast
         args = self.obj(self.key(ev, "args", path), f"{path}.args")
         ap = f"{path}.args"
         kernels = []
@@ -420,21 +430,22 @@ class _Reader:
                 ids = getattr(op, field_name)
                 repeat = _first_repeat(ids) if field_name != "reads" else -1
                 for j, tid in enumerate(ids):
-                    fp = f"{path}.args.{field_name}[{j}]"
+                    problem = None  # the place is formatted only for an error (1M ops)
                     if tid not in by_id:
-                        raise self.fail(fp, f"tensor {tid} does not exist")
-                    if j == repeat:
-                        raise self.fail(fp, f"tensor {tid} is listed twice")
-                    if tid in freed and field_name != "writes":
-                        raise self.fail(fp, f"tensor {tid} was freed by op {freed[tid]}")
-                    producer = by_id[tid].producer
-                    if field_name != "writes" and producer is not None and \
-                            producer != op.id and producer not in op_ids:
-                        raise self.fail(fp, f"tensor {tid} is produced later, by op {producer}")
-                    if field_name != "writes":
-                        problem = order.use(op, tid, producer, field_name == "frees")
-                        if problem:
-                            raise self.fail(fp, problem)
+                        problem = f"tensor {tid} does not exist"
+                    elif j == repeat:
+                        problem = f"tensor {tid} is listed twice"
+                    elif tid in freed and field_name != "writes":
+                        problem = f"tensor {tid} was freed by op {freed[tid]}"
+                    elif field_name != "writes":
+                        producer = by_id[tid].producer
+                        if producer is not None and producer != op.id and \
+                                producer not in op_ids:
+                            problem = f"tensor {tid} is produced later, by op {producer}"
+                        else:
+                            problem = order.use(op, tid, producer, field_name == "frees")
+                    if problem:
+                        raise self.fail(f"{path}.args.{field_name}[{j}]", problem)
             for j, tid in enumerate(op.writes):
                 if by_id[tid].producer != op.id:
                     raise self.fail(f"{path}.args.writes[{j}]",
@@ -455,92 +466,77 @@ class _Reader:
                     raise self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
 
 
-def _first_repeat(ids: tuple[int, ...]) -> int:
-    """The index of the first id that an earlier one repeats, or -1 (linear, not quadratic)."""
-    if len(ids) < 2:
-        return -1
-    seen: set[int] = set()
-    for j, tid in enumerate(ids):
-        if tid in seen:
-            return j
-        seen.add(tid)
-    return -1
+_PHASE = {p: p for p in PHASES}  # one shared string per phase, not one per op
 
 
-class _StreamOrder:
-    """Happens-before across streams: ops of one stream run in trace order, and `deps` (CUDA
-    events) order ops of different streams. A tensor used on one stream must have been
-    produced, and before it is freed, read, on its own stream or by an op this one depends on
-    (directly or through others); otherwise the replay could run the use first, as the GPU
-    could. Only traces with several streams pay for this.
-
-    No vector clocks (they grow with ops x streams: 20,000 one-op streams made 2*10^8 entries):
-    memory is one position per op and the deps of the ops that have any. A query "does op A
-    happen before op B" on different streams searches backwards from B: a frontier of
-    (stream, highest position known to run before B), raised through the deps of the ops below
-    it, each such op expanded once per query; most queries end at B's own deps."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.where: dict[int, tuple[int, int]] = {}          # op -> (stream, position on it)
-        self.length: dict[int, int] = {}                     # stream -> ops on it so far
-        self.dep_pos: dict[int, list[int]] = {}              # stream -> positions of ops with deps
-        self.dep_ops: dict[int, list[tuple[int, ...]]] = {}  # stream -> those ops' deps
-        self.readers: dict[int, dict[int, int]] = {}         # tensor -> stream -> last reader
-
-    def enter(self, op: Op) -> None:
-        if not self.enabled:
-            return
-        pos = self.length.get(op.stream, 0)
-        self.length[op.stream] = pos + 1
-        self.where[op.id] = (op.stream, pos)
-        if op.deps:
-            self.dep_pos.setdefault(op.stream, []).append(pos)
-            self.dep_ops.setdefault(op.stream, []).append(op.deps)
-
-    def _before(self, first: int, op: Op) -> bool:
-        """Whether op `first` (entered earlier) happens before `op` (just entered)."""
-        stream, pos = self.where[first]
-        own_stream, own_pos = self.where[op.id]
-        if stream == own_stream:
-            return own_pos >= pos
-        reached: dict[int, int] = {own_stream: own_pos}  # stream -> highest position before op
-        done: dict[int, int] = {}                        # stream -> deps expanded below here
-        todo = [own_stream]
-        while todo:
-            s = todo.pop()
-            high, low = reached[s], done.get(s, -1)
-            if high <= low:
-                continue
-            done[s] = high
-            positions = self.dep_pos.get(s, [])
-            start = bisect.bisect_right(positions, low)
-            stop = bisect.bisect_right(positions, high)
-            for deps in self.dep_ops[s][start:stop] if stop > start else ():
-                for dep in deps:
-                    ds, dp = self.where[dep]
-                    if ds == stream and dp >= pos:
-                        return True
-                    if dp > reached.get(ds, -1):
-                        reached[ds] = dp
-                        todo.append(ds)
-        return reached.get(stream, -1) >= pos
-
-    def use(self, op: Op, tensor: int, producer: int | None, frees: bool) -> str | None:
-        """Why this read or free of `tensor` by `op` is unordered, or None."""
-        if not self.enabled:
-            return None
-        if producer is not None and producer != op.id and not self._before(producer, op):
-            return (f"tensor {tensor} is produced by op {producer} on stream "
-                    f"{self.where[producer][0]} and used on stream {op.stream} with no "
-                    f"dependency on it (list op {producer} in deps)")
-        readers = self.readers.setdefault(tensor, {})
-        if frees:
-            for stream, reader in sorted(readers.items()):
-                if stream != op.stream and not self._before(reader, op):
-                    return (f"tensor {tensor} is freed on stream {op.stream} while op {reader} "
-                            f"on stream {stream} reads it with no dependency on it (list op "
-                            f"{reader} in deps)")
-        else:
-            readers[op.stream] = op.id
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if type(value) is not list:
         return None
+    for v in value:
+        if type(v) is not int or v < 0:
+            return None
+    return tuple(value)
+
+
+def _t(value: Any) -> bool:
+    """A time `_Reader.time` accepts (NaN fails the comparison)."""
+    return (type(value) is float or type(value) is int) and 0 <= value <= MAX_TIME_US
+
+
+def _fast_op(ev: dict[str, Any]) -> Op | None:
+    """The Op of a well-formed event without formatting a JSON path for every field (a 1M-op
+    trace spent most of its load there), or None for anything unusual: `_Reader.op` then
+    checks field by field and names the first bad value. Accepts exactly what that accepts."""
+    args = ev.get("args")
+    if type(args) is not dict or "attrs" in args:
+        return None
+    oid, name, layer, layer_type = args.get("op"), ev.get("name"), args.get("layer"), \
+        args.get("layer_type")
+    phase = _PHASE.get(args.get("phase"))  # type: ignore[arg-type]
+    ts, dur, stream = ev.get("ts"), ev.get("dur"), ev.get("tid")
+    flops, dram = args.get("flops", 0.0), args.get("dram_bytes", 0.0)
+    if not (type(oid) is int and oid >= 0 and type(name) is str and type(layer) is str
+            and type(layer_type) is str and phase is not None and _t(ts) and _t(dur)
+            and type(stream) is int and stream >= 0 and _finite(flops) and _finite(dram)):
+        return None
+    reads, writes = _ids(args.get("reads", [])), _ids(args.get("writes", []))
+    frees, deps = _ids(args.get("frees", [])), _ids(args.get("deps", []))
+    if reads is None or writes is None or frees is None or deps is None:
+        return None
+    kernels = []
+    raw_kernels = args.get("kernels", [])
+    if type(raw_kernels) is not list:
+        return None
+    for k in raw_kernels:
+        if not (type(k) is list and len(k) == 4 and type(k[0]) is str and type(k[1]) is int
+                and k[1] >= 0 and _t(k[2]) and _t(k[3])):
+            return None
+        kernels.append(Kernel(k[0], k[1], float(k[2]), float(k[3])))
+    return Op(id=oid, name=name, layer=layer, layer_type=sys.intern(layer_type), phase=phase,
+              start_us=float(ts), dur_us=float(dur),  # type: ignore[arg-type]
+              stream=stream, reads=reads, writes=writes, frees=frees, deps=deps,
+              kernels=tuple(kernels), flops=float(flops), dram_bytes=float(dram))
+
+
+_KIND = {k: k for k in TENSOR_KINDS}
+
+
+def _fast_tensor(t: Any) -> Tensor | None:
+    """The Tensor of a well-formed entry without a JSON path per field, else None (then
+    `_Reader.tensor` names the first bad value); accepts exactly what that accepts."""
+    if type(t) is not dict:
+        return None
+    tid, size, name = t.get("id"), t.get("bytes"), t.get("name", "")
+    kind, producer = _KIND.get(t.get("kind")), t.get("producer")  # type: ignore[arg-type]
+    consumers = _ids(t.get("consumers", []))
+    if not (type(tid) is int and tid >= 0 and type(size) is int and 0 <= size <= MAX_BYTES
+            and kind is not None and type(name) is str and consumers is not None
+            and (producer is None or (type(producer) is int and producer >= 0))):
+        return None
+    return Tensor(id=tid, size_bytes=size, kind=kind, name=name, producer=producer,
+                  consumers=consumers)
+
+
+def _finite(value: Any) -> bool:
+    """A number `_Reader.number` accepts: finite and not negative."""
+    return (type(value) is float or type(value) is int) and 0 <= value < math.inf
