@@ -179,8 +179,10 @@ def _int(value: Any, default: int | None = None) -> int | None:
 def load_chrome(path: str | Path) -> Any:
     """Read a Chrome-trace JSON file, gzip or plain; TraceError naming the file if unreadable."""
     where = str(path)
-    return parse_json(read_maybe_gzip(path), where, TraceError, finite=True,
-                      what="Chrome-trace JSON")  # bounded; NaN/Infinity named by JSON path
+    try:  # bounded (safeload); NaN/Infinity named by their JSON path
+        return parse_json(read_maybe_gzip(path), where, TraceError, finite=True)
+    except TraceError as exc:
+        raise TraceError(f"not a Chrome-trace JSON file ({exc.message})", where) from None
 
 
 def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:
