@@ -27,11 +27,16 @@ def _fill(text: str, case: dict[str, Any], out: Path) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     argv = [_fill(a, case, out) for a in case["args"]]
+    for name, value in case.get("env", {}).items():
+        monkeypatch.setenv(name, value)  # e.g. a lower input limit: a small gzip bomb
+    before = {p: p.read_bytes() for p in BAD.iterdir() if p.is_file()}
     code = main(argv)
+    after = {p: p.read_bytes() for p in BAD.iterdir() if p.is_file()}
+    assert after == before  # no input (nor any other corpus file) damaged, none added
     captured = capsys.readouterr()
     err = captured.err
     assert code == 2, f"exit {code}; stderr: {err!r}"
@@ -64,11 +69,12 @@ def test_the_carriers_are_good(tmp_path, capsys):
 
 
 def test_corpus_is_large_and_every_file_has_a_case():
-    files = {p.name for p in BAD.iterdir()} - {"make_corpus.py", "MANIFEST.yaml",
-                                               "good.vsim.json", "good-hw.yaml", "__pycache__"}
+    files = {p.name for p in BAD.iterdir()} - {"make_corpus.py", "corpus_limits.py",
+                                               "MANIFEST.yaml", "good.vsim.json", "good-hw.yaml",
+                                               "__pycache__"}
     in_manifest = {c["file"] for c in CASES if c["file"]}
     assert files == in_manifest
-    assert len(CASES) >= 40 and len(files) >= 40
+    assert len(CASES) >= 150 and len(files) >= 100
     assert len({c["id"] for c in CASES}) == len(CASES)
 
 

@@ -303,3 +303,105 @@ def test_longest_sequence_plot(tmp_path, capsys):
         512 * MIB: 512, GIB: 1024, 2 * GIB: 2048}
     assert sorted(os.listdir(tmp_path / "p")) == ["max-seq-chain4s-h100-sxm.png",
                                                   "slowdown-chain4s-h100-sxm.png"]
+
+
+# ------------------------------------------------------------------ outputs, workers, addresses
+
+@pytest.mark.parametrize("name,content", [
+    ("foreign.csv", b"name,score\nalice,3\nbob,4"),           # no newline at the end
+    ("foreign.jsonl", b'{"a": 1}\n{"b": 2}\n{"c": 3'),
+    ("binary.csv", bytes(range(256)) * 4),
+    ("binary.jsonl", b"\x89PNG\r\n\x1a\n" + bytes(range(200))),
+    ("list.jsonl", b"[1, 2]\n"),
+])
+def test_foreign_output_is_refused_untouched(traces, tmp_path, name, content):
+    grid = build_grid([traces[1]], ["h100-sxm"], ["1GiB"], ["none"], ["exact"])
+    out = tmp_path / name
+    out.write_bytes(content)
+    fresh = tmp_path / "fresh.csv"
+    with pytest.raises(ConfigError, match="not a vsim sweep") as info:
+        run_sweep(grid, [str(fresh), str(out)], workers=1)
+    assert str(out) in str(info.value)
+    assert out.read_bytes() == content  # not cut, not appended to
+    assert not fresh.exists()  # the first output, created for this sweep, is removed again
+
+
+def test_a_killed_local_worker_is_a_one_line_error(traces, tmp_path):
+    from vsim.errors import WorkerError
+    grid = build_grid([traces[1], traces[2]], ["h100-sxm"], ["256MiB..4GiB/256MiB"],
+                      ["none", "vdnn"], ["exact"])
+    out = tmp_path / "r.csv"
+
+    def kill_a_worker(result):
+        import multiprocessing
+        children = multiprocessing.active_children()
+        if children:
+            os.kill(children[0].pid, signal.SIGKILL)
+
+    with pytest.raises(WorkerError, match="worker died.*run the sweep again"):
+        run_sweep(grid, [str(out)], workers=2, on_result=kill_a_worker)
+    rows = read_rows(str(out))
+    assert 0 < len(rows) < len(grid)  # the rows before the death are kept
+    summary = run_sweep(grid, [str(out)], workers=1)  # and the sweep resumes
+    assert summary.skipped == len(rows) and len(read_rows(str(out))) == len(grid)
+
+
+def test_sigkilled_sweep_leaves_no_workers_and_no_lock(traces, tmp_path):
+    """The parent of a local pool is SIGKILLed mid-sweep: its workers die with it (they would
+    otherwise keep the output's flock) and a resumed sweep opens the output."""
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "r.csv"
+    code = (
+        "import os, sys, time\n"
+        "from vsim.sweep import build_grid, run_sweep\n"
+        f"grid = build_grid([{traces[1]!r}, {traces[2]!r}, {traces[4]!r}], ['h100-sxm'], "
+        "['64MiB..8GiB/64MiB'], ['none', 'vdnn', 'vdnnpp'], ['exact'])\n"
+        "def slow(result):\n"
+        "    print('pid', os.getpid(), flush=True)\n"
+        "    time.sleep(60)\n"
+        f"run_sweep(grid, [{str(out)!r}], workers=2, on_result=slow)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("pid")
+        children = [int(p) for p in
+                    subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                   text=True).stdout.split()]
+        assert children
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_alive(p) for p in children):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in children)
+        ResultWriter(str(out)).close()  # not "another sweep is writing to this file"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("address", ["tcp://", "tcp://host", "tcp://host:port", "tcp://h:0",
+                                     "tcp://h:70000", "http://h:8786", "h o s t:1", ":8786",
+                                     "tcp://a/b:1"])
+def test_malformed_scheduler_address_is_a_config_error(traces, tmp_path, address):
+    grid = build_grid([traces[1]], ["h100-sxm"], ["1GiB"], ["none"], ["exact"])
+    with pytest.raises(ConfigError, match="--scheduler") as info:
+        run_sweep(grid, [str(tmp_path / "r.csv")], scheduler=address)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_well_formed_scheduler_addresses_pass():
+    from vsim.sweep import check_scheduler
+    for address in ("tcp://10.0.0.5:8786", "127.0.0.1:8786", "tls://[::1]:8786",
+                    " tcp://node-3.cluster:1 ", "inproc://1.2.3/4/5"):
+        assert check_scheduler(address) == address.strip()

@@ -160,3 +160,76 @@ def test_cross_stream_use_is_ordered_through_deps(tmp_path):
     assert trace_from_json(build((1,))).ops[2].frees == (0,)
     _expect_error(build((0,)), "traceEvents[2].args.frees[0]: tensor 0 is freed on stream 4 "
                   "while op 1 on stream 3 reads it", tmp_path)
+
+
+def _chain_doc(n_streams: int, with_deps: bool) -> dict:
+    """Op k on stream k reads the tensor op k-1 wrote (on stream k-1) and writes its own;
+    with_deps: each op depends on the previous one, which orders every read."""
+    from vsim.trace import Op, Tensor, Trace
+    tensors = tuple(Tensor(k, 8, "activation", producer=k,
+                           consumers=(k + 1,) if k + 1 < n_streams else ())
+                    for k in range(n_streams))
+    ops = tuple(Op(k, "o", "l", "other", "fwd", float(k), 1.0, stream=k,
+                   reads=(k - 1,) if k else (), writes=(k,),
+                   deps=(k - 1,) if k and with_deps else ()) for k in range(n_streams))
+    return trace_to_json(Trace(meta={"source": "synthetic"}, tensors=tensors, ops=ops))
+
+
+def test_many_one_op_streams_load_in_linear_memory():
+    """20,000 streams of one op each, chained by deps: vector clocks held 2*10^8 entries
+    (over 4 GB); the backwards search holds one position per op."""
+    import time
+    import tracemalloc
+    doc = _chain_doc(20_000, with_deps=True)
+    tracemalloc.start()
+    start = time.perf_counter()
+    trace = trace_from_json(doc)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(trace.ops) == 20_000
+    assert peak < 100 * 2**20, peak
+    assert seconds < 30, seconds
+
+
+def test_cross_stream_order_through_a_chain_of_deps(tmp_path):
+    """Op 3 (stream 3) reads the tensor of op 0 (stream 0): ordered only through 3 -> 2 -> 1
+    -> 0, a dep on each previous op on another stream. Dropping any link is refused."""
+    from vsim.trace import Op, Tensor, Trace
+
+    def build(deps: dict[int, tuple[int, ...]]) -> dict:
+        ops = tuple(Op(k, "o", "l", "other", "fwd", float(k), 1.0, stream=k,
+                       reads=(0,) if k == 3 else (), writes=(0,) if k == 0 else (),
+                       deps=deps.get(k, ())) for k in range(4))
+        return trace_to_json(Trace(meta={"source": "synthetic"},
+                                   tensors=(Tensor(0, 8, "activation", producer=0,
+                                                   consumers=(3,)),), ops=ops))
+    full = {1: (0,), 2: (1,), 3: (2,)}
+    assert trace_from_json(build(full)).ops[3].reads == (0,)
+    for missing in (1, 2, 3):
+        deps = {k: v for k, v in full.items() if k != missing}
+        _expect_error(build(deps), "traceEvents[3].args.reads[0]: tensor 0 is produced by op 0 "
+                      "on stream 0 and used on stream 3 with no dependency", tmp_path)
+    # ordered through the same stream: op 2 on stream 0 after op 0, and op 3 depends on it
+    ops = (Op(0, "o", "l", "other", "fwd", 0, 1, stream=0, writes=(0,)),
+           Op(1, "o", "l", "other", "fwd", 1, 1, stream=0),
+           Op(2, "o", "l", "other", "fwd", 2, 1, stream=5, reads=(0,), deps=(1,)))
+    doc = trace_to_json(Trace(meta={"source": "synthetic"}, ops=ops,
+                              tensors=(Tensor(0, 8, "activation", producer=0,
+                                              consumers=(2,)),)))
+    assert trace_from_json(doc).ops[2].deps == (1,)
+
+
+def test_a_long_write_list_is_checked_in_linear_time():
+    from vsim.trace import Op, Tensor, Trace
+    n = 50_000
+    tensors = tuple(Tensor(k, 8, "activation", producer=0) for k in range(n))
+    ops = (Op(0, "o", "l", "other", "fwd", 0, 1, writes=tuple(range(n))),)
+    doc = trace_to_json(Trace(meta={"source": "synthetic"}, tensors=tensors, ops=ops))
+    import time
+    start = time.perf_counter()
+    assert len(trace_from_json(doc).ops[0].writes) == n
+    assert time.perf_counter() - start < 10
+    doc["traceEvents"][0]["args"]["writes"].append(n - 1)
+    with pytest.raises(TraceError, match=rf"writes\[{n}\]: tensor {n - 1} is listed twice"):
+        trace_from_json(doc)

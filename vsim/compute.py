@@ -316,7 +316,7 @@ def read_efficiencies(path: str | Path) -> Efficiencies:
     convolution's flops: FFT and Winograd algorithms do fewer), up to 400%."""
     where = str(path)
     try:
-        doc = load_yaml(Path(path).read_text())
+        doc = load_yaml(Path(path).read_text(), where)  # bounded; ConfigError names the file
     except OSError as exc:
         raise HardwareError(f"cannot read: {exc.strerror or exc}", where) from None
     except yaml.YAMLError:

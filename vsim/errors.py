@@ -34,3 +34,8 @@ class ConfigError(VsimError):
 
 class PolicyError(VsimError):
     """A policy that does not exist or was given bad parameters."""
+
+
+class WorkerError(VsimError):
+    """A worker process of a sweep died (killed, out of memory): not bad input, but a one-line
+    error with what was kept and how to resume, rather than a traceback."""

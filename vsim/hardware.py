@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import HardwareError, UnitError
-from .units import load_yaml, parse_flops, parse_rate, parse_size, parse_time
+from .safeload import read_yaml
+from .units import parse_flops, parse_rate, parse_size, parse_time
 
 HARDWARE_DIR_ENV = "VSIM_HARDWARE_DIR"
 
@@ -119,16 +118,7 @@ def load_hardware(name_or_path: str) -> Hardware:
             known = ", ".join(sorted(list_hardware())) or "none found"
             raise HardwareError(f"unknown hardware {name_or_path!r}; known: {known}")
     where = str(path)
-    try:
-        doc = load_yaml(path.read_text())
-    except OSError as exc:
-        raise HardwareError(f"cannot read profile: {exc.strerror or exc}", where) from None
-    except UnicodeDecodeError:
-        raise HardwareError("not a text YAML file (binary data)", where) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise HardwareError(f"invalid YAML{at}", where) from None
+    doc = read_yaml(path, HardwareError, "profile")
     return parse_hardware(doc, where)
 
 
@@ -153,6 +143,37 @@ def parse_percent(value: Any, where: str) -> float:
     if not 0 < fraction <= 1:
         raise UnitError(f"percentage {value!r} must be above 0% and at most 100%", where)
     return fraction
+
+
+# Physical sanity bounds on every quantity of a profile, in vsim's internal units, so that no
+# sum, product or quotient the engine forms can overflow or divide by a denormal (a profile with
+# 1e-320 GB/s or 1e308 us once gave Infinity/NaN results with `fits: true`). Each is a factor of
+# 1,000 or more beyond any device of today, so a real profile never meets them; a value outside
+# is a unit mistake. (low, high, why)
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    # 1 MB/s .. 100 TB/s: below a USB 1 link, above 30x an H200's HBM (4.8 TB/s)
+    "bandwidth": (1.0, 1e8, "between 1MB/s and 100TB/s"),
+    # 1 GFLOP/s .. 10 EFLOP/s: below one CPU core, 5,000x an H100's dense fp8 (2 PFLOP/s)
+    "flops": (1e3, 1e13, "between 1GFLOP/s and 10000000TFLOP/s (10 EFLOP/s)"),
+    # 0 .. 100 s per latency or per-call cost: above that it is a unit mistake (ms for us)
+    "time": (0.0, 1e8, "between 0us and 100s"),
+    # 0 .. 1 PiB of memory: 2^50 keeps every sum of sizes below 2^53, exact in a float
+    "size": (0.0, float(2**50), "at most 1PiB"),
+}
+
+
+def check_bound(value: float, kind: str, where: str) -> float:
+    """`value` (internal units of `kind`: bandwidth, flops, time, size) within BOUNDS[kind];
+    HardwareError naming `where` otherwise."""
+    low, high, why = BOUNDS[kind]
+    if not (math.isfinite(value) and low <= value <= high):
+        raise HardwareError(f"{value:g} {_UNIT[kind]} is out of range: must be {why}", where)
+    return value
+
+
+_UNIT = {"bandwidth": "bytes/us", "flops": "flop/us", "time": "us", "size": "bytes"}
+_KIND: dict[Any, str] = {parse_rate: "bandwidth", parse_flops: "flops", parse_time: "time",
+                         parse_size: "size"}  # the parser of a field -> its kind of quantity
 
 
 class _ProfileReader:
@@ -181,6 +202,11 @@ class _ProfileReader:
             raise HardwareError(exc.message, exc.where) from None
         if positive and value <= 0:
             raise HardwareError(f"{path}.{key}: must be above zero, got {raw!r}", self.where)
+        kind = _KIND[parse]
+        low, high, why = BOUNDS[kind]
+        if not low <= value <= high:
+            raise HardwareError(f"{path}.{key}: {raw!r} is out of range: must be {why}",
+                                self.where)
         return value
 
     def copy_path(self, doc: Any, path: str) -> CopyPath:
@@ -195,10 +221,15 @@ class _ProfileReader:
             if not isinstance(point, dict) or set(point) != {"size", "fraction"}:
                 raise HardwareError(f"{pp}: expected {{size: ..., fraction: ...%}}", self.where)
             try:
-                table.append((parse_size(point["size"], self.at(f"{pp}.size")),
+                size = parse_size(point["size"], self.at(f"{pp}.size"))
+                table.append((size,
                               parse_percent(point["fraction"], self.at(f"{pp}.fraction"))))
             except UnitError as exc:
                 raise HardwareError(exc.message, exc.where) from None
+            if not 0 < size <= BOUNDS["size"][1]:
+                # interpolation is in log(size): 0 B has no logarithm
+                raise HardwareError(f"{pp}.size: must be above 0 B and {BOUNDS['size'][2]}, "
+                                    f"got {point['size']!r}", self.where)
         if [s for s, _ in table] != sorted({s for s, _ in table}):
             raise HardwareError(f"{path}.efficiency: sizes must strictly increase", self.where)
         return CopyPath(

@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .compute import (
     Efficiencies,
     compute_signature,
@@ -41,6 +39,7 @@ from .compute import (
 )
 from .errors import ConfigError, HardwareError
 from .hardware import Hardware, list_hardware, load_hardware, parse_hardware
+from .safeload import read_yaml
 from .trace.schema import Kernel, MemEvent, Op, Trace
 
 # --set keys: dotted paths into a profile. PRECISION and CLASS stand for any name.
@@ -89,12 +88,7 @@ def hardware_with_overrides(name_or_path: str, sets: Sequence[str]) -> Hardware:
     if not sets:
         return load_hardware(name_or_path)
     path = _profile_path(name_or_path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise HardwareError(f"cannot read profile: {exc.strerror or exc}", str(path)) from None
-    except yaml.YAMLError:
-        raise HardwareError("invalid YAML", str(path)) from None
+    doc = read_yaml(path, HardwareError, "profile")  # bounded (safeload)
     if not isinstance(doc, dict):
         raise HardwareError("top level: expected a mapping", str(path))
     doc = copy.deepcopy(doc)

@@ -18,10 +18,7 @@ written; it is reported in the summary and retried by the next sweep.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import os
 import random
 import time
@@ -30,19 +27,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .errors import ConfigError, VsimError
-from .hardware import CopyPath, Hardware, LinkDirection, load_hardware
+from .errors import ConfigError, VsimError, WorkerError
+from .hardware import CopyPath, Hardware, LinkDirection, check_bound, load_hardware
+from .safeload import read_yaml
+from .sweep_output import (  # noqa: F401  (re-exported: vsim.sweep is the API)
+    KEY_COLUMNS,
+    OUTPUT_SUFFIXES,
+    ResultWriter,
+    read_rows,
+    row_key,
+    to_row,
+)
 from .trace.schema import Trace
 from .units import parse_rate, parse_size
 
 # Capacity of the reference run for the slowdown column: no policy with room for anything.
 AMPLE_BYTES = 2**50
-KEY_COLUMNS = ("trace_path", "hw_spec", "memory", "policy_spec", "allocator_spec")
 SWEEP_FILE_KEYS = ("trace", "hw", "memory", "policy", "allocator", "output")
 MAX_CONFIGS = 1_000_000
-OUTPUT_SUFFIXES = (".csv", ".jsonl")
 DASK_CONNECT_TIMEOUT_S = 10
 
 
@@ -177,14 +179,7 @@ def load_sweep_file(path: str) -> dict[str, list[Any]]:
     """A YAML sweep file: a mapping with the axes `trace`, `hw`, `memory`, `policy`,
     `allocator` (each one value or a list) and optionally `output`. Trace paths are relative to
     the file's folder. ConfigError names the file and the key."""
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read sweep file: {exc.strerror or exc}", path) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"invalid YAML{at}", path) from None
+    doc = read_yaml(path, ConfigError, "sweep file")
     if not isinstance(doc, dict):
         raise ConfigError("a sweep file is a mapping of axes (trace, hw, memory, policy, "
                           "allocator, output)", path)
@@ -238,6 +233,10 @@ def load_hw_spec(spec: str) -> Hardware:
             raise ConfigError(exc.message, f"hardware {name}: {key}") from None
         if rate <= 0:
             raise ConfigError(f"hardware {name}: {key} must be above zero")
+        try:  # the profile's own bounds: no Infinity/NaN can come out of a sweep
+            check_bound(rate, "bandwidth", f"hardware {name}: {key}={raw.strip()}")
+        except VsimError as exc:
+            raise ConfigError(exc.message, exc.where) from None
         if key == "link":
             changes["h2d"] = changes["d2h"] = rate
         else:
@@ -343,186 +342,6 @@ def _run_chunk(cfgs: list[Config], files: list[str] | None = None) -> list[dict[
     return [run_config(c, f) for c, f in zip(cfgs, names, strict=True)]
 
 
-# ---------------------------------------------------------------- rows and output files
-
-def to_row(result: dict[str, Any]) -> dict[str, Any]:
-    """A result as one flat row: key columns, then the report with nested keys joined by '.',
-    then the baseline, the slowdown and the wall time of the simulation with its planning
-    (sim_seconds, the one figure that differs between two runs of a configuration)."""
-    row: dict[str, Any] = dict(zip(KEY_COLUMNS, result["key"], strict=True))
-    _flatten(result["report"], "", row)
-    if result.get("seq_len") is not None:
-        row["trace.seq_len"] = result["seq_len"]
-    row["baseline_iteration_time_us"] = result["baseline_iteration_time_us"]
-    row["slowdown"] = result["slowdown"]
-    row["sim_seconds"] = result["sim_seconds"]
-    return row
-
-
-def _flatten(obj: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
-    for k, v in obj.items():
-        if isinstance(v, dict):
-            _flatten(v, f"{prefix}{k}.", out)
-        else:
-            out[f"{prefix}{k}"] = v
-
-
-def row_key(row: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(str(row.get(c, "")) for c in KEY_COLUMNS)
-
-
-def _csv_cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (list, tuple)):
-        return json.dumps(list(v))
-    if isinstance(v, float):
-        return repr(v)
-    return str(v).replace("\n", " ")  # one line per row: the resume reader relies on it
-
-
-def _parse_cell(text: str) -> Any:
-    if text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    if text[0] in "[{":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-class ResultWriter:
-    """Appends rows to a .csv or .jsonl file, one write and one flush per row, skipping keys
-    already there. Opening an existing file reads its keys (resume) and cuts a last line that an
-    interrupted write left incomplete. A CSV row with columns the header lacks rewrites the file
-    with the wider header (atomically) before appending."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        if self.path.suffix not in OUTPUT_SUFFIXES:
-            raise ConfigError(f"output must end in {' or '.join(OUTPUT_SUFFIXES)}", str(path))
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.is_dir():
-            raise ConfigError(f"folder {str(parent)!r} does not exist", str(path))
-        self.csv = self.path.suffix == ".csv"
-        self.header: list[str] = []
-        self.keys: set[tuple[str, ...]] = set()
-        existed = self.path.exists()
-        self.handle = self.path.open("a", newline="")
-        self._lock()
-        if existed:
-            self._cut_incomplete_line()
-            rows = read_rows(str(self.path))
-            self.keys = {row_key(r) for r in rows}
-            if self.csv:
-                with self.path.open(newline="") as f:
-                    self.header = next(csv.reader(f), [])
-                if self.header and list(self.header[:len(KEY_COLUMNS)]) != list(KEY_COLUMNS):
-                    self.handle.close()
-                    raise ConfigError("not a vsim sweep CSV (its first columns are not "
-                                      f"{', '.join(KEY_COLUMNS)})", str(path))
-
-    def _lock(self) -> None:
-        """Two sweeps appending to one file would each miss the other's rows."""
-        try:
-            import fcntl
-        except ImportError:  # not on this platform: no guard
-            return
-        try:
-            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.close()
-            raise ConfigError("another sweep is writing to this file", str(self.path)) from None
-
-    def _cut_incomplete_line(self) -> None:
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with self.path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-
-    def write(self, row: dict[str, Any]) -> bool:
-        """Append the row unless its key is already there; True when written."""
-        key = row_key(row)
-        if key in self.keys:
-            return False
-        if self.csv:
-            missing = [c for c in row if c not in self.header]
-            if missing:
-                self._widen(self.header + missing)
-            buf = io.StringIO()
-            writer = csv.writer(buf, lineterminator="\n")
-            writer.writerow([_csv_cell(row.get(c)) for c in self.header])
-            text = buf.getvalue()
-        else:
-            text = json.dumps(row, allow_nan=False, default=str) + "\n"
-        self.handle.write(text)
-        self.handle.flush()
-        self.keys.add(key)
-        return True
-
-    def _widen(self, header: list[str]) -> None:
-        """Rewrite the file with a wider header: a temporary file, locked, renamed over it;
-        the old file stays locked until then."""
-        self.handle.flush()
-        rows = read_rows(str(self.path)) if self.header else []
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(header)
-        for r in rows:
-            writer.writerow([_csv_cell(r.get(c)) for c in header])
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        old = self.handle
-        self.handle = tmp.open("w", newline="")
-        try:
-            self._lock()
-            self.handle.write(buf.getvalue())
-            self.handle.flush()
-            os.replace(tmp, self.path)
-        except BaseException:
-            self.handle.close()
-            self.handle = old
-            raise
-        old.close()
-        self.header = header
-
-    def close(self) -> None:
-        self.handle.close()
-
-
-def read_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a sweep output (.csv or .jsonl) with values typed back (numbers, booleans,
-    None, lists). An incomplete last line (an interrupted write) is ignored."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read results: {exc.strerror or exc}", path) from None
-    if text and not text.endswith("\n"):
-        text = text[:text.rfind("\n") + 1]
-    if p.suffix == ".csv":
-        reader = csv.DictReader(io.StringIO(text))
-        return [{k: _parse_cell(v or "") for k, v in r.items()} for r in reader]
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise ConfigError(f"line {n} is not JSON", path) from None
-    return rows
-
-
 # ---------------------------------------------------------------- running a sweep
 
 @dataclass
@@ -553,7 +372,16 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
     worker mid-sweep). Local processes by default (`workers`, default the usable CPUs; 1 runs in
     this process), a Dask cluster when `scheduler` is an address."""
     start = time.perf_counter()
-    writers = [ResultWriter(p) for p in outputs]
+    if scheduler:
+        scheduler = check_scheduler(scheduler)
+    writers: list[ResultWriter] = []
+    try:
+        for p in outputs:
+            writers.append(ResultWriter(p))
+    except BaseException:
+        for w in writers:
+            w.discard()  # an output created for this sweep is not left behind, empty
+        raise
     try:
         configs = grid.configs()
         todo = [c for c in configs if any(c.key() not in w.keys for w in writers)]
@@ -580,7 +408,7 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
         if scheduler:
             n = _run_dask(todo, scheduler, accept)
         else:
-            n = _run_local(todo, workers, accept)
+            n = _run_local(todo, workers, accept, [w.handle.fileno() for w in writers])
     finally:
         for w in writers:
             w.close()
@@ -611,9 +439,12 @@ def _usable_cpus() -> int:
 
 
 def _run_local(todo: list[Config], workers: int | None,
-               accept: Callable[[dict[str, Any]], None]) -> int:
+               accept: Callable[[dict[str, Any]], None], fds: Sequence[int] = ()) -> int:
+    """Run on `workers` local processes (forked); `fds`: the outputs' descriptors, which the
+    workers close."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     n = workers or _usable_cpus()
     if n == 1 or len(todo) <= 1:
@@ -623,17 +454,70 @@ def _run_local(todo: list[Config], workers: int | None,
     methods = multiprocessing.get_all_start_methods()
     # fork: the workers inherit the traces the parent loaded while checking the grid.
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init,
+                             initargs=(os.getpid(), fds)) as pool:
         futures = [pool.submit(_run_chunk, chunk) for chunk in _chunks(todo, n)]
         try:
             for fut in as_completed(futures):
                 for result in fut.result():
                     accept(result)
+        except BrokenProcessPool:
+            raise WorkerError("a local sweep worker died (killed, or out of memory); the rows "
+                              "written so far are kept: run the sweep again to resume") from None
         except BaseException:
             for fut in futures:
                 fut.cancel()
             raise
     return n
+
+
+def _worker_init(parent_pid: int, fds: Sequence[int]) -> None:
+    """In each forked worker: die with the parent (a SIGKILLed sweep must leave no workers
+    running), and close the inherited output files, whose flock the workers would otherwise
+    keep after the parent is gone (a resumed sweep would find the output locked)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if hasattr(os, "sched_getaffinity"):  # Linux: prctl(PR_SET_PDEATHSIG, SIGKILL)
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss", "inproc")
+
+
+def check_scheduler(address: str) -> str:
+    """A Dask scheduler address, [SCHEME://]HOST:PORT (scheme one of _SCHEMES, port 1-65535),
+    stripped; ConfigError naming --scheduler otherwise (checked before any output is opened:
+    Dask's own message for a malformed address is a traceback)."""
+    where = "--scheduler"
+    text = address.strip() if isinstance(address, str) else ""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "tcp", text
+    if scheme not in _SCHEMES:
+        raise ConfigError(f"{address!r}: unknown scheme {scheme!r}; expected "
+                          f"{'|'.join(_SCHEMES)}://HOST:PORT", where)
+    if scheme == "inproc":
+        return text
+    host, colon, port = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address
+    if not colon or not host or any(c.isspace() or c in "/?#@" for c in host) \
+            or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{address!r} is not an address SCHEME://HOST:PORT (e.g. "
+                          "tcp://10.0.0.5:8786)", where)
+    return text
 
 
 def _run_dask(todo: list[Config], address: str,
@@ -644,7 +528,7 @@ def _run_dask(todo: list[Config], address: str,
         raise ConfigError("--scheduler needs Dask: pip install 'vsim[sweep]'") from None
     try:
         client = Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise ConfigError(f"cannot reach the Dask scheduler: {exc}", address) from None
     try:
         n = len(client.scheduler_info().get("workers", {}))

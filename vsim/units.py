@@ -17,6 +17,7 @@ _SIZE_UNITS = {
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
+MAX_SIZE_BYTES = 2**53
 _TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 _RATE_UNITS = {  # bytes per microsecond
     "B/s": 1e-6, "KB/s": 1e-3, "MB/s": 1.0, "GB/s": 1e3, "TB/s": 1e6,
@@ -51,8 +52,12 @@ def _parse(text: object, table: Mapping[str, float], what: str, where: str | Non
 
 
 def parse_size(text: object, where: str | None = None) -> int:
-    """'12GiB' -> 12884901888 bytes. Raises UnitError on a bare number or unknown unit."""
-    return int(round(_parse(text, _SIZE_UNITS, "size", where)))
+    """'12GiB' -> 12884901888 bytes. Raises UnitError on a bare number or unknown unit, or
+    above 2^53 bytes (8 PiB), beyond which sizes are not exact as floats or JSON numbers."""
+    value = _parse(text, _SIZE_UNITS, "size", where)
+    if value > MAX_SIZE_BYTES:
+        raise UnitError(f"size {text!r} is more than 2^53 bytes (8 PiB)", where)
+    return int(round(value))
 
 
 def parse_time(text: object, where: str | None = None) -> float:
@@ -89,10 +94,10 @@ def format_time(time_us: float) -> str:
     return f"{time_us:.1f} us"
 
 
-def load_yaml(text: str) -> object:
-    """yaml.safe_load with libyaml's C loader when present (about 10x faster on profiles)."""
-    import yaml
+def load_yaml(text: str, where: str = "<yaml>") -> object:
+    """A YAML document through safeload's bounded safe loader (libyaml's when present);
+    ConfigError naming `where` on invalid YAML or an alias bomb."""
+    from .errors import ConfigError
+    from .safeload import parse_yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(text, Loader=loader)  # noqa: S506  (a safe loader)
-
+    return parse_yaml(text, where, ConfigError)

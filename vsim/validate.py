@@ -19,16 +19,14 @@ A file may hold one case or a list under `cases:`. Paths are relative to the rep
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError, VsimError
 from .hardware import parse_percent
+from .safeload import parse_json, read_bytes, read_yaml
 from .units import parse_size
 
 METRICS = ("iteration_time", "peak_allocated", "peak_reserved")
@@ -79,12 +77,7 @@ def load_cases(paths: list[str]) -> list[Case]:
             raise ConfigError(f"no such case file or folder: {p}")
     cases: list[Case] = []
     for f in files:
-        try:
-            doc = yaml.safe_load(f.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"invalid YAML{at}", str(f)) from None
+        doc = read_yaml(f, ConfigError, "case file")
         if isinstance(doc, dict) and doc.get("kind") in ("paper", "benchmarks"):
             continue  # paper figures are checked by vsim.paper (benchmarks: its calibration)
         entries = doc.get("cases") if isinstance(doc, dict) and "cases" in doc else [doc]
@@ -114,7 +107,11 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
         raise ConfigError(f"unknown field(s) {', '.join(sorted(unknown))}; valid: "
                           f"{', '.join(sorted(known))}", where)
     tolerance = dict(DEFAULT_TOLERANCE)
-    for key, value in (entry.get("tolerance") or {}).items():
+    tolerances = entry.get("tolerance") or {}
+    if not isinstance(tolerances, dict):
+        raise ConfigError(f"tolerance: expected a mapping of metric: percentage, got "
+                          f"{tolerances!r}", where)
+    for key, value in tolerances.items():
         if key not in METRICS:
             raise ConfigError(f"tolerance.{key}: unknown metric; valid: {', '.join(METRICS)}",
                               where)
@@ -153,16 +150,22 @@ def measured_result(case: Case, trace_measured: Any) -> dict[str, Any]:
         return {"iteration_time_us": trace_measured.iteration_time_us,
                 "peak_allocated_bytes": trace_measured.peak_allocated_bytes,
                 "peak_reserved_bytes": trace_measured.peak_reserved_bytes, "fits": True}
-    try:
-        doc = json.loads(Path(case.measured).read_text())
-    except OSError as exc:
-        raise ConfigError(f"case {case.id}: cannot read measured file: {exc.strerror}",
-                          case.measured) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"invalid JSON at line {exc.lineno}", case.measured) from None
+    where = case.measured
+    doc = parse_json(read_bytes(where, ConfigError, "measured file"), where, ConfigError,
+                     finite=True)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"top level: expected an object with iteration_time_us, "
+                          f"peak_allocated_bytes and fits, got {type(doc).__name__}", where)
     for key in ("iteration_time_us", "peak_allocated_bytes", "fits"):
         if key not in doc:
-            raise ConfigError(f"missing required field {key!r}", case.measured)
+            raise ConfigError(f"missing required field {key!r}", where)
+    if not isinstance(doc["fits"], bool):
+        raise ConfigError(f"fits: expected true or false, got {doc['fits']!r}", where)
+    for key in ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes"):
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0):
+            raise ConfigError(f"{key}: expected a number, not negative, got {value!r}", where)
     return doc
 
 

@@ -16,12 +16,12 @@ so the model runs without one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..safeload import parse_json
 from ..trace.io import read_maybe_gzip
 from .caching import CachingAllocator
 
@@ -66,10 +66,7 @@ def history_files(paths: list[str]) -> list[Path]:
 def load_history(path: str | Path) -> History:
     """Read and check a history file; TraceError naming the file and the place."""
     where = str(path)
-    try:
-        doc = json.loads(read_maybe_gzip(path, "allocator history"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"not JSON ({exc})", where) from None
+    doc = parse_json(read_maybe_gzip(path, "allocator history"), where, TraceError)  # bounded
     if not isinstance(doc, dict):
         raise TraceError("expected an object with meta, entries and iterations", where)
     for key in ("meta", "entries", "iterations"):

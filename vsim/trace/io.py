@@ -9,17 +9,20 @@ on load and an error names the file and the JSON path of the first bad value.
 
 from __future__ import annotations
 
-import gzip
+import gc
 import json
 import math
 import os
-import zlib
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
 from ..fileio import write_atomic
+from ..safeload import parse_json, read_bytes
 from . import migrate
+from .order import StreamOrder as _StreamOrder
+from .order import first_repeat as _first_repeat
 from .schema import (
     COPY_DIRECTIONS,
     FORMAT,
@@ -127,33 +130,24 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
     """The file's bytes, gunzipped when they start with gzip's magic number; TraceError naming
-    the file when it cannot be read ("cannot read {what}: ...") or its gzip data is corrupt."""
-    where = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        label = f"cannot read {what}" if what else "cannot read"
-        raise TraceError(f"{label}: {exc.strerror or exc}", where) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"corrupt gzip data ({exc})", where) from None
-    return raw
+    the file when it cannot be read ("cannot read {what}: ..."), its gzip data is corrupt, or
+    it is larger than safeload's input limit once decompressed (a gzip bomb)."""
+    return read_bytes(path, TraceError, what)
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace; raises TraceError naming the file and JSON path on bad input."""
     where = str(path)
-    raw = read_maybe_gzip(path, "trace")
+    # The cyclic garbage collector finds nothing to free in a document being built, but its
+    # passes over millions of new containers cost more than the parse (1M ops: 60% of it).
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        doc = json.loads(raw)
-    except UnicodeDecodeError:
-        raise TraceError("not a text JSON file (binary data)", where) from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                         where) from None
-    return trace_from_json(doc, where)
+        doc = parse_json(read_maybe_gzip(path, "trace"), where, TraceError)
+        return trace_from_json(doc, where)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:
@@ -307,6 +301,9 @@ class _Reader:
                                           f"{path}.peak_reserved_bytes"))
 
     def tensor(self, value: Any, path: str) -> Tensor:
+        fast = _fast_tensor(value)
+        if fast is not None:
+            return fast
         t = self.obj(value, path)
         producer = t.get("producer")
         return Tensor(
@@ -318,6 +315,11 @@ class _Reader:
             consumers=self.ids(t.get("consumers", []), f"{path}.consumers"))
 
     def op(self, ev: dict[str, Any], path: str) -> Op:
+        """The op of an "X"/"op" event: `_fast_op` for a well-formed one, else the field-by-field
+        checks below, which name the first bad value."""
+        fast = _fast_op(ev)
+        if fast is not None:
+            return fast
         args = self.obj(self.key(ev, "args", path), f"{path}.args")
         ap = f"{path}.args"
         kernels = []
@@ -408,22 +410,24 @@ class _Reader:
             order.enter(op)
             for field_name in ("reads", "writes", "frees"):
                 ids = getattr(op, field_name)
+                repeat = _first_repeat(ids) if field_name != "reads" else -1
                 for j, tid in enumerate(ids):
-                    fp = f"{path}.args.{field_name}[{j}]"
+                    problem = None  # the place is formatted only for an error (1M ops)
                     if tid not in by_id:
-                        raise self.fail(fp, f"tensor {tid} does not exist")
-                    if field_name != "reads" and tid in ids[:j]:
-                        raise self.fail(fp, f"tensor {tid} is listed twice")
-                    if tid in freed and field_name != "writes":
-                        raise self.fail(fp, f"tensor {tid} was freed by op {freed[tid]}")
-                    producer = by_id[tid].producer
-                    if field_name != "writes" and producer is not None and \
-                            producer != op.id and producer not in op_ids:
-                        raise self.fail(fp, f"tensor {tid} is produced later, by op {producer}")
-                    if field_name != "writes":
-                        problem = order.use(op, tid, producer, field_name == "frees")
-                        if problem:
-                            raise self.fail(fp, problem)
+                        problem = f"tensor {tid} does not exist"
+                    elif j == repeat:
+                        problem = f"tensor {tid} is listed twice"
+                    elif tid in freed and field_name != "writes":
+                        problem = f"tensor {tid} was freed by op {freed[tid]}"
+                    elif field_name != "writes":
+                        producer = by_id[tid].producer
+                        if producer is not None and producer != op.id and \
+                                producer not in op_ids:
+                            problem = f"tensor {tid} is produced later, by op {producer}"
+                        else:
+                            problem = order.use(op, tid, producer, field_name == "frees")
+                    if problem:
+                        raise self.fail(f"{path}.args.{field_name}[{j}]", problem)
             for j, tid in enumerate(op.writes):
                 if by_id[tid].producer != op.id:
                     raise self.fail(f"{path}.args.writes[{j}]",
@@ -444,52 +448,77 @@ class _Reader:
                     raise self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
 
 
-class _StreamOrder:
-    """Happens-before across streams, as vector clocks: ops of one stream run in trace order,
-    and `deps` (CUDA events) order ops of different streams. A tensor used on one stream must
-    have been produced, and before it is freed, read, on its own stream or by an op this one
-    depends on (directly or through others); otherwise the replay could run the use first, as
-    the GPU could. Only traces with several streams pay for the clocks."""
+_PHASE = {p: p for p in PHASES}  # one shared string per phase, not one per op
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.clock: dict[int, dict[int, int]] = {}   # op -> stream -> last position before it
-        self.where: dict[int, tuple[int, int]] = {}  # op -> (stream, position on it)
-        self.tail: dict[int, int] = {}               # stream -> its last op so far
-        self.readers: dict[int, dict[int, tuple[int, int]]] = {}  # tensor -> stream -> reader
 
-    def enter(self, op: Op) -> None:
-        if not self.enabled:
-            return
-        prev = self.tail.get(op.stream)
-        clock = dict(self.clock[prev]) if prev is not None else {}
-        for dep in op.deps:
-            for stream, pos in self.clock[dep].items():
-                if pos > clock.get(stream, -1):
-                    clock[stream] = pos
-        pos = clock.get(op.stream, -1) + 1
-        clock[op.stream] = pos
-        self.clock[op.id], self.where[op.id], self.tail[op.stream] = clock, (op.stream, pos), op.id
-
-    def _before(self, first: int, op: Op) -> bool:
-        stream, pos = self.where[first]
-        return self.clock[op.id].get(stream, -1) >= pos
-
-    def use(self, op: Op, tensor: int, producer: int | None, frees: bool) -> str | None:
-        """Why this read or free of `tensor` by `op` is unordered, or None."""
-        if not self.enabled:
-            return None
-        if producer is not None and producer != op.id and not self._before(producer, op):
-            return (f"tensor {tensor} is produced by op {producer} on stream "
-                    f"{self.where[producer][0]} and used on stream {op.stream} with no "
-                    f"dependency on it (list op {producer} in deps)")
-        readers = self.readers.setdefault(tensor, {})
-        if frees:
-            for stream, (_, reader) in sorted(readers.items()):
-                if stream != op.stream and not self._before(reader, op):
-                    return (f"tensor {tensor} is freed on stream {op.stream} while op {reader} "
-                            f"on stream {stream} reads it with no dependency on it (list op "
-                            f"{reader} in deps)")
-        else:
-            readers[op.stream] = (self.where[op.id][1], op.id)
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if type(value) is not list:
         return None
+    for v in value:
+        if type(v) is not int or v < 0:
+            return None
+    return tuple(value)
+
+
+def _t(value: Any) -> bool:
+    """A time `_Reader.time` accepts (NaN fails the comparison)."""
+    return (type(value) is float or type(value) is int) and 0 <= value <= MAX_TIME_US
+
+
+def _fast_op(ev: dict[str, Any]) -> Op | None:
+    """The Op of a well-formed event without formatting a JSON path for every field (a 1M-op
+    trace spent most of its load there), or None for anything unusual: `_Reader.op` then
+    checks field by field and names the first bad value. Accepts exactly what that accepts."""
+    args = ev.get("args")
+    if type(args) is not dict or "attrs" in args:
+        return None
+    oid, name, layer, layer_type = args.get("op"), ev.get("name"), args.get("layer"), \
+        args.get("layer_type")
+    phase = _PHASE.get(args.get("phase"))  # type: ignore[arg-type]
+    ts, dur, stream = ev.get("ts"), ev.get("dur"), ev.get("tid")
+    flops, dram = args.get("flops", 0.0), args.get("dram_bytes", 0.0)
+    if not (type(oid) is int and oid >= 0 and type(name) is str and type(layer) is str
+            and type(layer_type) is str and phase is not None and _t(ts) and _t(dur)
+            and type(stream) is int and stream >= 0 and _finite(flops) and _finite(dram)):
+        return None
+    reads, writes = _ids(args.get("reads", [])), _ids(args.get("writes", []))
+    frees, deps = _ids(args.get("frees", [])), _ids(args.get("deps", []))
+    if reads is None or writes is None or frees is None or deps is None:
+        return None
+    kernels = []
+    raw_kernels = args.get("kernels", [])
+    if type(raw_kernels) is not list:
+        return None
+    for k in raw_kernels:
+        if not (type(k) is list and len(k) == 4 and type(k[0]) is str and type(k[1]) is int
+                and k[1] >= 0 and _t(k[2]) and _t(k[3])):
+            return None
+        kernels.append(Kernel(k[0], k[1], float(k[2]), float(k[3])))
+    return Op(id=oid, name=name, layer=layer, layer_type=sys.intern(layer_type), phase=phase,
+              start_us=float(ts), dur_us=float(dur),  # type: ignore[arg-type]
+              stream=stream, reads=reads, writes=writes, frees=frees, deps=deps,
+              kernels=tuple(kernels), flops=float(flops), dram_bytes=float(dram))
+
+
+_KIND = {k: k for k in TENSOR_KINDS}
+
+
+def _fast_tensor(t: Any) -> Tensor | None:
+    """The Tensor of a well-formed entry without a JSON path per field, else None (then
+    `_Reader.tensor` names the first bad value); accepts exactly what that accepts."""
+    if type(t) is not dict:
+        return None
+    tid, size, name = t.get("id"), t.get("bytes"), t.get("name", "")
+    kind, producer = _KIND.get(t.get("kind")), t.get("producer")  # type: ignore[arg-type]
+    consumers = _ids(t.get("consumers", []))
+    if not (type(tid) is int and tid >= 0 and type(size) is int and 0 <= size <= MAX_BYTES
+            and kind is not None and type(name) is str and consumers is not None
+            and (producer is None or (type(producer) is int and producer >= 0))):
+        return None
+    return Tensor(id=tid, size_bytes=size, kind=kind, name=name, producer=producer,
+                  consumers=consumers)
+
+
+def _finite(value: Any) -> bool:
+    """A number `_Reader.number` accepts: finite and not negative."""
+    return (type(value) is float or type(value) is int) and 0 <= value < math.inf

@@ -24,7 +24,7 @@ MEM_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "se
 COPY_DIRECTIONS = ("h2d", "d2h")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tensor:
     """One device allocation. `producer` is the op that allocates it (None: resident from the
     start); `consumers` are the ops that read it after it was written."""
@@ -37,7 +37,7 @@ class Tensor:
     consumers: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Kernel:
     """One GPU kernel (or memset/memcpy activity) an op launched, as the profiler saw it."""
 
@@ -47,7 +47,7 @@ class Kernel:
     dur_us: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One unit of work on a stream: a layer's forward or backward piece, or an optimizer step.
 
@@ -82,7 +82,7 @@ class Op:
         return default
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Copy:
     """A host<->device transfer on a copy stream (in predicted traces, or measured runs)."""
 
@@ -94,7 +94,7 @@ class Copy:
     stream: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemEvent:
     """One caching-allocator event in PyTorch's vocabulary
     (torch.cuda.memory._record_memory_history): alloc, free_requested, free_completed, ..."""
@@ -108,7 +108,7 @@ class MemEvent:
     op: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Measured:
     """What the real run measured, without the profiler: median iteration time and peaks."""
 
@@ -117,7 +117,7 @@ class Measured:
     peak_reserved_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # one per trace: no __slots__ (callers copy it through __dict__)
 class Trace:
     """One training iteration. `meta` holds provenance (source, model, batch_size, device, torch,
     cuda, cudnn, recorder, hardware, date, command, ...)."""

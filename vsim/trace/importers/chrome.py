@@ -5,12 +5,12 @@ the recorder."""
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import TraceError
+from ...safeload import parse_json
 from ..io import read_maybe_gzip
 
 _TRANSPARENT_OPS = ("PythonDispatchMode",)  # a dispatch mode's frame, not an op of its own
@@ -107,11 +107,10 @@ def as_int(value: Any, default: int | None = None) -> int | None:
 def load_chrome(path: str | Path) -> Any:
     """Read a Chrome-trace JSON file, gzip or plain; TraceError naming the file if unreadable."""
     where = str(path)
-    raw = read_maybe_gzip(path)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"not a Chrome-trace JSON file ({exc})", where) from None
+    try:  # bounded (safeload); NaN/Infinity named by their JSON path
+        return parse_json(read_maybe_gzip(path), where, TraceError, finite=True)
+    except TraceError as exc:
+        raise TraceError(f"not a Chrome-trace JSON file ({exc.message})", where) from None
 
 
 def parse_chrome(doc: Any, where: str = "<chrome trace>") -> Capture:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,8 @@ def import_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise TraceError(f"{p}.{key}: expected a non-negative integer, got {v!r}", where)
         t = e.get("time_us", 0)
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise TraceError(f"{p}.time_us: expected a number, got {t!r}", where)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TraceError(f"{p}.time_us: expected a finite number, got {t!r}", where)
     live_at_end = {addr: size for addr, size, state in snapshot_blocks(snap["segments"],
                                                                           device, where)
                    if state == "active_allocated"}
