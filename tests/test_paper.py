@@ -146,3 +146,65 @@ def test_vdnn_order_frees_a_relu_layers_y_before_the_dx_below():
     sep, fused = replay(t, 2**50, "all", True), replay(t, 2**50, "all", True, fused_relu=True)
     assert sep is not None and fused is not None
     assert fused["peak_bytes"] > 4 * 1568 * MiB > sep["peak_bytes"]
+
+
+def _lrn_net():
+    # conv (X 100 B) -> LRN as a two-op chain (intermediate I 100, Y 100) -> pool (P 25);
+    # backward: loss dP 25, pool dY 100, the LRN chain dI 100 then dX 100, conv.
+    tensors = [tensor(0, 100, producer=0), tensor(1, 100, producer=1),
+               tensor(2, 100, producer=2), tensor(3, 25, producer=3),
+               tensor(4, 25, "gradient", producer=4), tensor(5, 100, "gradient", producer=5),
+               tensor(6, 100, "gradient", producer=6), tensor(7, 100, "gradient", producer=7)]
+    ops = [op(0, 0, 1, layer="c", layer_type="conv", writes=(0,)),
+           op(1, 1, 2, layer="n", layer_type="lrn", reads=(0,), writes=(1,)),
+           op(2, 3, 3, layer="n", layer_type="lrn", reads=(1, 0), writes=(2,)),
+           op(3, 6, 1, layer="p", layer_type="pool", reads=(2,), writes=(3,)),
+           op(4, 7, 1, layer="loss", layer_type="loss", phase="bwd", reads=(3,), writes=(4,),
+              frees=(3,)),
+           op(5, 8, 1, layer="p", layer_type="pool", phase="bwd", reads=(2, 4), writes=(5,),
+              frees=(4, 2)),
+           op(6, 9, 4, layer="n", layer_type="lrn", phase="bwd", reads=(1, 5), writes=(6,),
+              frees=(5, 1)),
+           op(7, 13, 5, layer="n", layer_type="lrn", phase="bwd", reads=(0, 6), writes=(7,),
+              frees=(6,)),
+           op(8, 18, 1, layer="c", layer_type="conv", phase="bwd", reads=(7,), frees=(7, 0))]
+    return trace(ops, tensors)
+
+
+def test_collapse_lrn_by_hand():
+    from vsim.allocator import make_allocator
+    from vsim.engine import simulate
+    from vsim.hardware import load_hardware
+    from vsim.paper.superneurons import collapse_lrn
+    from vsim.policies import make_policy
+
+    before, after = _lrn_net(), collapse_lrn(_lrn_net())
+    # the chain's intermediate (I) and its gradient (dI) are gone: 650 B of tensors -> 450 B
+    assert sum(t.size_bytes for t in before.tensors) == 650
+    assert sum(t.size_bytes for t in after.tensors) == 450
+    lrn = [o for o in after.ops if o.layer == "n"]
+    assert [(o.phase, o.reads, o.writes, o.dur_us) for o in lrn] == [
+        ("fwd", (0,), (2,), 5.0), ("bwd", (0, 2, 5), (7,), 9.0)]
+    # Y is read by the LRN's backward now, so it is freed there, not at the pool's backward
+    assert 2 in lrn[1].frees and 5 in lrn[1].frees
+    assert all(2 not in o.frees for o in after.ops if o.layer == "p")
+    trace_from_json(trace_to_json(after), "collapsed lrn")
+    # peaks by hand: before, X I Y dY and dP at the pool's backward (425 B); after, X Y dY dX
+    # at the LRN's backward (400 B)
+    hw = load_hardware("k40")
+    peaks = [simulate(t, hw, make_policy("none"), make_allocator("exact"))
+             .report["peak_allocated_bytes"] for t in (before, after)]
+    assert peaks == [425, 400]
+
+
+def test_superneurons_fig10_accounting():
+    # SuperNeurons' AlexNet(200) in its semantics holds its 36 DATA tensors (Fig. 10: 23 layer
+    # outputs, 13 backward b_data), plus the trace's loss tensors (log-softmax and gradients)
+    from vsim.paper.superneurons import superneurons_semantics
+    from vsim.trace import load_trace
+
+    t = superneurons_semantics(load_trace(ROOT / "validation" / "paper" / "traces"
+                                          / "alexnet-caffe-b200.vsim.json.gz"))
+    sized = [x for x in t.tensors if x.size_bytes >= 2**20]   # the loss's are under 1 MiB
+    assert len(sized) == 36 - 2  # fc8's output and softmax's are 0.76 MiB each
+    assert not [o for o in t.ops if o.layer_type == "lrn" and o.name.startswith("aten")]

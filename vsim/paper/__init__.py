@@ -2,7 +2,8 @@
 
 vsim.paper.vdnn: the vDNN paper (Fig. 1/4 baseline, Fig. 6 times, the policies, the deep VGGs);
 vsim.paper.headline: vDNN's VGG-16(256) headline under cnmem, in the engine's and in vDNN's own
-allocation order (vsim.paper.vdnn_order); vsim.paper.seeds: the other seeds' figures;
+allocation order (vsim.paper.vdnn_order); vsim.paper.seeds: the other seeds' figures, with
+vsim.paper.superneurons for SuperNeurons' semantics (trace transforms) and Fig. 10's CONV offload;
 vsim.paper.report: the text `vsim validate` prints.
 """
 

@@ -9,6 +9,11 @@ says so in its `semantics` line. A figure whose input is missing (no trace, an u
 compression ratio, a batch size the paper does not give) is a miss with that cause, never left
 out.
 
+A file's `transform` names the paper's semantics as a trace transform: vdnn (the default) or
+superneurons (vsim.paper.superneurons: cuDNN's one-op LRN, SuperNeurons' backward reads and
+in-place ACT/LRN backward, DATA tensors only); a figure's `offload: conv` adds the offload of
+every CONV output to its policy's plan (SuperNeurons' Fig. 10 third step).
+
 Metrics: peak_mib (peak allocated, MiB), network_wide_mib (every tensor of the trace at once:
 no liveness), time_s (iteration time x `iterations`), speedup (1 - time of `policy` / time of
 `against`), pinned_cut (1 - pinned host peak of `policy` / that of `against`), recompute_ops
@@ -37,24 +42,40 @@ def _load_trace(folder: Path, net: str, hw: Hardware) -> Trace | None:
     return with_model_times(load_trace(path), hw) if path.is_file() else None
 
 
-def _run(trace: Trace, hw: Hardware, spec: str, allocator: str) -> dict[str, Any]:
+def _run(trace: Trace, hw: Hardware, spec: str, allocator: str,
+         offload: str | None = None) -> dict[str, Any]:
     from ..allocator import make_allocator
     from ..engine import simulate
     from ..policies import make_policy
+    from .superneurons import ConvOffload
 
-    return simulate(trace, hw, make_policy(spec), make_allocator(allocator)).report
+    policy: Any = make_policy(spec)
+    if offload == "conv":
+        policy = ConvOffload(policy)
+    elif offload is not None:
+        raise ConfigError(f"unknown offload {offload!r} (conv)")
+    return simulate(trace, hw, policy, make_allocator(allocator)).report
 
 
-def _predict(fig: dict[str, Any], trace: Trace, hw: Hardware) -> tuple[float | None, str]:
-    """(predicted value, note); None with the reason when the run does not fit."""
+def _semantics(name: str) -> Any:
+    from .superneurons import superneurons_semantics
     from .vdnn import vdnn_semantics
 
-    t = vdnn_semantics(trace)
+    known = {"vdnn": vdnn_semantics, "superneurons": superneurons_semantics}
+    if name not in known:
+        raise ConfigError(f"unknown transform {name!r} ({', '.join(known)})")
+    return known[name]
+
+
+def _predict(fig: dict[str, Any], trace: Trace, hw: Hardware,
+             transform: str = "vdnn") -> tuple[float | None, str]:
+    """(predicted value, note); None with the reason when the run does not fit."""
+    t = _semantics(transform)(trace)
     metric = fig["metric"]
     if metric == "network_wide_mib":
         return sum(x.size_bytes for x in t.tensors) / MIB, ""
     alloc = str(fig.get("allocator", "exact"))
-    r = _run(t, hw, str(fig.get("policy", "none")), alloc)
+    r = _run(t, hw, str(fig.get("policy", "none")), alloc, fig.get("offload"))
     if not r["fits"]:
         return None, f"predicted out of memory under {fig.get('policy')} ({alloc})"
     if metric == "peak_mib":
@@ -109,7 +130,7 @@ def check_figures(path: str | Path, doc: dict[str, Any],
             if trace is None:
                 cause = f"no trace {net} (validation/paper/make_traces.sh)"
             else:
-                predicted, cause = _predict(fig, trace, hw)
+                predicted, cause = _predict(fig, trace, hw, str(doc.get("transform", "vdnn")))
         published = float(fig["published"])
         error = None if predicted is None or not published else predicted / published - 1
         if fig["kind"] == "count":

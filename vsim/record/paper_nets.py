@@ -105,18 +105,20 @@ def overfeat_accurate(batch: int) -> tuple[nn.Module, Any, Any]:
 
 
 def alexnet_caffe(batch: int) -> tuple[nn.Module, Any, Any]:
-    """SuperNeurons' AlexNet (superneurons-release testing/alexnet.cpp): one tower, LRN, 227x227."""
+    """SuperNeurons' AlexNet (superneurons-release testing/alexnet.cpp): one tower, LRN, 227x227.
+    ReLU writes its own output, as SuperNeurons' act_layer_t does (forward_setup allocates t_out;
+    its backward is in place, which vsim.paper.superneurons models)."""
     model = nn.Sequential(
-        nn.Conv2d(3, 96, 11, 4), nn.ReLU(inplace=True), nn.LocalResponseNorm(5),
+        nn.Conv2d(3, 96, 11, 4), nn.ReLU(), nn.LocalResponseNorm(5),
         nn.MaxPool2d(3, 2),
-        nn.Conv2d(96, 256, 5, 1, 2), nn.ReLU(inplace=True), nn.LocalResponseNorm(5),
+        nn.Conv2d(96, 256, 5, 1, 2), nn.ReLU(), nn.LocalResponseNorm(5),
         nn.MaxPool2d(3, 2),
-        nn.Conv2d(256, 384, 3, 1, 1), nn.ReLU(inplace=True),
-        nn.Conv2d(384, 384, 3, 1, 1), nn.ReLU(inplace=True),
-        nn.Conv2d(384, 256, 3, 1, 1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+        nn.Conv2d(256, 384, 3, 1, 1), nn.ReLU(),
+        nn.Conv2d(384, 384, 3, 1, 1), nn.ReLU(),
+        nn.Conv2d(384, 256, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(3, 2),
         nn.Flatten(),
-        nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
-        nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        nn.Linear(256 * 6 * 6, 4096), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(0.5),
         nn.Linear(4096, IMAGENET_CLASSES))
     return _build(model, batch, 227)
 
