@@ -19,14 +19,15 @@ ROOT = Path(__file__).resolve().parents[1] / "vsim"
 # Lowest first. A unit is a package under vsim/ or a top-level module (vsim/X.py -> "X";
 # "__init__" is vsim/__init__.py). A unit may import units of its own layer or below.
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "errors", "units", "spec", "fileio"),  # spec strings; atomic writes
+    ("__init__", "errors", "units", "spec", "fileio", "safeload"),  # spec strings; atomic writes;
+                                               # bounded YAML/JSON reading
     ("trace",),                                # schema, io, migrate, importers
     ("hardware", "host", "compute", "metrics", "inspect", "synthcheck", "retarget"),
     ("allocator",),
     ("plan", "workspace_free", "plan_io"),     # what the engine runs; the fallback's times
     ("engine",),                               # run_plan, simulate
     ("policies",),                             # plans; profiling runs through run_plan given
-    ("search", "sweep", "validate", "bench", "paper", "compare", "plots"),
+    ("search", "sweep", "sweep_output", "validate", "bench", "paper", "compare", "plots"),
     # the top: torch code (recording, and plans run for real: vsim/runtime where it exists)
     # and the command line
     ("record", "runtime", "cli", "__main__"),
