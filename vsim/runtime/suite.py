@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,8 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
         except Exception as exc:  # noqa: BLE001 - a suite reports and goes on
             for c in group:
                 failed.append(c["id"])
-                (out / f"{c['id']}.error.txt").write_text(f"session: {exc!r}\n")
+                (out / f"{c['id']}.error.txt").write_text(
+                    f"session: {exc!r}\n\n{traceback.format_exc()}")
             say(f"{model} (batch {batch}): session failed: {exc!r}")
             continue
         say(f"{model} (batch {batch}): session ready in {time.perf_counter() - t0:.1f} s")
@@ -124,7 +126,7 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                 write_json(result, out / f"{c['id']}.json")
             except Exception as exc:  # noqa: BLE001
                 failed.append(c["id"])
-                (out / f"{c['id']}.error.txt").write_text(f"{exc!r}\n")
+                (out / f"{c['id']}.error.txt").write_text(f"{exc!r}\n\n{traceback.format_exc()}")
                 say(f"  {c['id']}: FAILED {exc!r}")
                 session.recover()
                 continue
