@@ -230,6 +230,37 @@ def test_out_of_memory_is_a_result_and_frees_the_iteration(cnn) -> None:
     assert s.run("vdnn:mode=all", None, iters=1, warmup=0)["fits"]  # and the session goes on
 
 
+def test_an_input_that_cannot_come_back_at_the_stop_comes_back_after_it(cnn, monkeypatch) -> None:
+    """Out of memory mid-iteration under a cap: bringing the offloaded batch back may not fit
+    while the stopped iteration still holds its tensors. The input must come back once they
+    are freed, or every later case reads a batch of 0 bytes (on the GPU: cuDNN BAD_PARAM in the
+    first convolution of every later case, as the corpus measurement found)."""
+    trace, s = cnn
+    failing = {"restore": True}
+    original = Executor._restore_inputs
+
+    def restore_once(self):
+        if failing["restore"]:
+            failing["restore"] = False
+            raise torch.OutOfMemoryError("simulated: no room to bring the input back")
+        original(self)
+
+    def boom(m, i, o):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(Executor, "_restore_inputs", restore_once)
+    stop = s.net[3].register_forward_hook(boom)
+    try:
+        result = s.run("vdnn:mode=all", None, iters=1, warmup=0)
+    finally:
+        stop.remove()
+    assert not result["fits"] and not failing["restore"]
+    assert any("inputs were brought back" in n for n in result["notes"])
+    assert all(t.untyped_storage().nbytes() > 0 for t in s.flat_inputs)
+    again = s.run("vdnn:mode=all", None, iters=1, warmup=0)
+    assert again["fits"] and again["check"]["bitwise_equal"]
+
+
 def test_validation_table_shows_a_measured_out_of_memory_as_a_dash() -> None:
     from vsim.cli import format_validation
 

@@ -151,6 +151,7 @@ class Executor(Recomputation):
             self.h2d = torch.cuda.Stream(device)
         self.paused = False
         self.iterations = 0
+        self.inputs_pending = False  # abort could not bring an offloaded input back
         self._begin()
 
     # ------------------------------------------------------------ iteration
@@ -210,15 +211,30 @@ class Executor(Recomputation):
         self._restore_inputs()
 
     def abort(self) -> None:
-        """After an exception: bring offloaded inputs back, forget the iteration."""
+        """After an exception: bring offloaded inputs back, forget the iteration. An iteration
+        stopped by running out of memory still holds its activations (the exception's frames)
+        under the cap, so bringing an input back may not fit yet: then the input's storage is
+        kept and `restore_inputs` must be called once memory is free (Session.run does), or
+        the next iteration would read an input of 0 bytes (cuDNN: CUDNN_STATUS_BAD_PARAM)."""
         if self.squeezing is not None and self.gpu:
             self.squeezing = None
             torch.cuda.set_per_process_memory_fraction(self.memory_fraction, self.device)
         try:
             self._restore_inputs()
+        except torch.OutOfMemoryError:
+            self.inputs_pending = True
         finally:
-            self.storage = {}
+            self.storage = ({t: r for t, r in self.storage.items() if t in self.input_of}
+                            if self.inputs_pending else {})
             self.recording = {}
+
+    def restore_inputs(self) -> None:
+        """Bring back inputs that `abort` could not (out of memory): call after the stopped
+        iteration's tensors are freed and the cap is lifted."""
+        if self.inputs_pending:
+            self._restore_inputs()
+            self.inputs_pending = False
+            self.storage = {}
 
     def _restore_inputs(self) -> None:
         for t in self.input_of:

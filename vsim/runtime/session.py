@@ -21,7 +21,7 @@ from ..plan import Plan, Retime
 from ..policies import make_policy
 from ..record.zoo import build_model
 from ..trace.schema import Trace
-from .executor import Executor, IterationStats, PinnedPool
+from .executor import Executor, ExecutorError, IterationStats, PinnedPool
 from .opmap import OpMap, map_ops
 from .results import (
     FORMAT,
@@ -215,6 +215,19 @@ class Session:
         """After a case that raised: free what it left behind and lift the cap."""
         self._clean()
         self._uncap()
+        self._check_intact()
+
+    def _check_intact(self) -> None:
+        """Every input, weight, buffer and optimizer state still holds all its bytes: a plan
+        resizes storages to 0, and one left so by a stopped iteration would break every later
+        case of the session (a convolution reading 0 bytes fails in cuDNN with BAD_PARAM)."""
+        for what, tensors in (("input", self.flat_inputs), ("state", self._state())):
+            for k, t in enumerate(tensors):
+                if t.numel() and t.untyped_storage().nbytes() == 0:
+                    raise ExecutorError(f"{self.model_name} (batch {self.batch}): {what} "
+                                        f"tensor {k} {tuple(t.shape)} was left without its "
+                                        "bytes by the last case; later cases of this session "
+                                        "would read it")
 
     def _pool(self, plan: Plan) -> PinnedPool | None:
         """The process's pinned pool, grown when a plan needs more (cudaHostAlloc costs about
@@ -306,6 +319,13 @@ class Session:
             oom.update(ex.where() if ex is not None else {})
             del exc
         self._clean()
+        if ex is not None and ex.inputs_pending:
+            self._uncap()
+            ex.restore_inputs()
+            notes.append("the batch's inputs were brought back after the out-of-memory stop "
+                         "(they did not fit under the cap while the stopped iteration held "
+                         "its tensors)")
+        self._check_intact()
         if oom is not None and ex is None:
             oom.update(self._locate_oom(plan))
         check: dict[str, Any] | None = None
@@ -427,6 +447,7 @@ class Session:
                    "message": str(exc).strip().splitlines()[0][:1000]}
             del exc
         self._clean()
+        self._check_intact()
         self._uncap()
         label = f"pytorch:{kind}" + (f":segments={segments}" if kind != "save_on_cpu" else "")
         note = ("PyTorch's built-in, not a vsim policy: no trace plan, no check"

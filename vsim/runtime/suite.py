@@ -128,7 +128,15 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                 failed.append(c["id"])
                 (out / f"{c['id']}.error.txt").write_text(f"{exc!r}\n\n{traceback.format_exc()}")
                 say(f"  {c['id']}: FAILED {exc!r}")
-                session.recover()
+                try:
+                    session.recover()
+                except Exception as lost:  # noqa: BLE001 - its state is damaged: stop here
+                    broken = f"not run: an earlier case of the session damaged it ({lost!r})"
+                    say(f"  {model} (batch {batch}): {broken}")
+                    for rest in group[group.index(c) + 1:]:
+                        failed.append(rest["id"])
+                        (out / f"{rest['id']}.error.txt").write_text(broken + "\n")
+                    break
                 continue
             say(f"  {c['id']}: {summary_line(result)} [{time.perf_counter() - t1:.1f} s]")
         del session
