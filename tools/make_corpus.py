@@ -91,7 +91,8 @@ def main() -> int:
         for c in yaml.safe_load(suite_path.read_text())["cases"]:
             measured = ROOT / "validation" / "measured" / f"{c['id']}.json"
             case_path = ROOT / "validation" / "cases" / f"{c['id']}.yaml"
-            if not measured.exists() or case_path.exists():
+            if not measured.exists() or case_path.exists() or "policy" not in c \
+                    or c.get("instrument"):
                 continue
             case = {"id": c["id"], "trace": c["trace"], "hardware": "h100-sxm",
                     "policy": c["policy"], "allocator": "caching"}

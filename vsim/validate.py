@@ -178,6 +178,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .allocator import make_allocator
     from .engine import simulate
+    from .engine.simulator import PlanError
     from .hardware import load_hardware
     from .policies import make_policy
     from .retarget import for_hardware
@@ -187,10 +188,16 @@ def run_case(case: Case, first_iteration: bool | None = None,
     measured = measured_result(case, trace.measured)
     hw = load_hardware(case.hardware)
     trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
-    report = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                      case.memory_bytes, first_iteration, workspace_fallback).report
-    predicted = {k: report[k] for k in ("iteration_time_us", "peak_allocated_bytes",
-                                        "peak_reserved_bytes", "fits")}
+    keys = ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes", "fits")
+    try:
+        report = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                          case.memory_bytes, first_iteration, workspace_fallback).report
+    except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
+        return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
+                "predicted": dict.fromkeys(keys), "measured": measured,
+                "error": dict.fromkeys(METRICS), "tolerance": case.tolerance, "ok": False,
+                "plan_error": str(exc)}
+    predicted = {k: report[k] for k in keys}
     error: dict[str, float | None] = {}
     ok = predicted["fits"] == bool(measured["fits"])
     for metric in METRICS:

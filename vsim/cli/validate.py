@@ -129,7 +129,8 @@ def format_validation(result: dict[str, Any]) -> str:
              f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok"]
     for r in result["cases"]:
         p, m, e = r["predicted"], r["measured"], r["error"]
-        fits = ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!")
+        fits = ("plan!" if "plan_error" in r else
+                ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!"))
         lines.append(
             f"{r['id'][:38]:38} {_or_dash(format_time, p['iteration_time_us']):>10} "
             f"{_or_dash(format_time, m['iteration_time_us']):>10} "
@@ -138,6 +139,8 @@ def format_validation(result: dict[str, Any]) -> str:
             f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
             f"{pct(e['peak_allocated']):>7}  "
             f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}")
+    lines += [f"{r['id']}: the policy's plan does not run: {r['plan_error']}"
+              for r in result["cases"] if "plan_error" in r]
     s = result["summary"]
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
                  f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
