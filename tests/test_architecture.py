@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("__init__", "errors", "units", "spec", "fileio", "safeload"),  # spec strings; atomic writes;
                                                # bounded YAML/JSON reading
     ("trace",),                                # schema, io, migrate, importers
-    ("hardware", "host", "compute", "metrics", "inspect", "synthcheck", "retarget"),
+    ("hardware", "host", "compute", "compute_fit", "metrics", "inspect", "synthcheck", "retarget"),
     ("allocator",),
     ("plan", "workspace_free", "plan_io"),     # what the engine runs; the fallback's times
     ("engine",),                               # run_plan, simulate

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from builders import op, tensor, trace
 
-from vsim import compute
+from vsim import compute, compute_fit
 from vsim.compute import ClassEfficiency, Efficiencies, OpCost
 from vsim.errors import HardwareError
 from vsim.hardware import load_hardware
@@ -112,7 +112,7 @@ def test_fit_recovers_known_efficiencies():
                       flops=cost.flops, dram_bytes=cost.bytes,
                       kernels=(Kernel("gemm", 0, i * 1000.0, busy),)))
     t = trace(ops, tensors, dtype="float32", tf32={"cudnn": False, "matmul": False})
-    fitted, report = compute.fit([("synthetic", t)], hw)
+    fitted, report = compute_fit.fit([("synthetic", t)], hw)
     got = fitted.classes["gemm"]
     assert got.overhead_us == pytest.approx(4.0, abs=0.1)
     assert got.compute == pytest.approx(0.4, rel=0.02) and got.dram == pytest.approx(0.5, rel=0.02)

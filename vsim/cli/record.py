@@ -256,7 +256,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_fit_compute(args: argparse.Namespace) -> int:
     import datetime
 
-    from ..compute import efficiencies_to_yaml, fit, read_efficiencies
+    from ..compute import efficiencies_to_yaml, read_efficiencies
+    from ..compute_fit import fit
     from ..hardware import load_hardware
     from ..trace import load_trace
 
@@ -305,12 +306,8 @@ def _fit_to_benchmarks(args: argparse.Namespace, hw: Any) -> int:
 
     import yaml
 
-    from ..compute import (
-        DEFAULT_EFFICIENCY,
-        efficiencies_to_yaml,
-        fit_to_timings,
-        read_efficiencies,
-    )
+    from ..compute import DEFAULT_EFFICIENCY, efficiencies_to_yaml, read_efficiencies
+    from ..compute_fit import fit_to_timings
     from ..hardware import load_hardware
     from ..trace import load_trace
     from ..units import parse_time
