@@ -5,18 +5,18 @@ An op's busy time (its kernels, without the idle gaps between them) on a GPU is
     t = overhead + flops / (peak[precision] x compute x ramp) + bytes / (dram_bandwidth x dram)
 
 with `compute`, `dram` (fractions) and `overhead` (us) per op class, fitted across recorded traces
-(`vsim.compute_fit.fit`, stored by `save_efficiencies` as hardware/efficiency/NAME.yaml with its provenance and
-errors). `flops` and `bytes` are the op's own (`Op.flops`: torch.utils.flop_counter's formulas;
-`Op.dram_bytes`: the bytes of the tensor arguments and results of its aten calls, which counts
-in-place and read-modify-write operands twice, so `dram` can exceed 100%). The compute and memory
-terms add rather than overlap (an "additive roofline"): cuDNN's fastest kernels on an NCHW fp32
-model are a layout transform, an implicit GEMM and a transform back, in sequence, and the sum fits
-the H100 recordings better than the max (hardware/efficiency/h100-sxm.yaml). `ramp` =
-min(1, channels / ramp_channels) ** ramp_power is a convolution's loss of efficiency with few
-output channels (the GEMM's N dimension: tiles left idle); on the H100 a 64-channel convolution
-reaches a third of the rate of a 256-channel one. A trace without flops or bytes
-falls back to the bytes of the tensors the op reads and writes; a convolution or GEMM without
-flops is taken as compute-bound (its time scales with the peak rate).
+(`vsim.compute_fit.fit`, stored by `save_efficiencies` as hardware/efficiency/NAME.yaml with its
+provenance and errors). `flops` and `bytes` are the op's own (`Op.flops`:
+torch.utils.flop_counter's formulas; `Op.dram_bytes`: the bytes of the tensor arguments and results
+of its aten calls, which counts in-place and read-modify-write operands twice, so `dram` can exceed
+100%). The compute and memory terms add rather than overlap (an "additive roofline"): cuDNN's
+fastest kernels on an NCHW fp32 model are a layout transform, an implicit GEMM and a transform
+back, in sequence, and the sum fits the H100 recordings better than the max
+(hardware/efficiency/h100-sxm.yaml). `ramp` = min(1, channels / ramp_channels) ** ramp_power is a
+convolution's loss of efficiency with few output channels (the GEMM's N dimension: tiles left
+idle); on the H100 a 64-channel convolution reaches a third of the rate of a 256-channel one. A
+trace without flops or bytes falls back to the bytes of the tensors the op reads and writes; a
+convolution or GEMM without flops is taken as compute-bound (its time scales with the peak rate).
 
 Classes: conv_fwd, conv_bwd (the algorithm the recording used: cuDNN's pick with its workspace,
 vDNN's (p)), gemm, attention, elementwise, pool, norm, optimizer. vDNN's memory-optimal (m)

@@ -28,7 +28,7 @@ import torch
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from . import RECORDER_VERSION
-from .recorder import _driver_version, hardware_guess
+from .recorder import driver_version, hardware_guess
 
 Progress = Callable[[str], None]
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -324,7 +324,7 @@ def calibrate(progress: Progress | None = None, name: str | None = None,
             "assumed": "host.pinned_limit: 75% of the machine's physical memory; compute.peak "
                        "and dram_bandwidth as stated in source",
             "device": props.name,
-            "driver": _driver_version(),
+            "driver": driver_version(),
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
         },

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError, TraceError
@@ -44,7 +43,6 @@ from ..trace.schema import Measured, Trace
 from . import RECORDER_VERSION, selfcheck
 from .assemble import (
     BACKWARD,
-    DISPATCH,
     GRAD,
     ITERATION,
     MODULE,
@@ -54,112 +52,12 @@ from .assemble import (
     StructureLog,
     assemble,
 )
+from .dispatchlog import DispatchLog, ProfilerRange, marker, storage_bytes, tensor_addr
 from .hf import default_seq, is_hf
+from .module_types import module_type
 from .step import TrainingStep, check_choice, training_step
 
 Progress = Callable[[str], None]
-
-try:  # a profiler range without a dispatcher op of its own (torch >= 2.2)
-    from torch._C._profiler import _RecordFunctionFast as _Range
-except ImportError:  # pragma: no cover
-    from torch.autograd.profiler import record_function as _Range  # type: ignore[assignment]
-
-try:
-    from torch.utils.flop_counter import flop_registry as FLOPS
-except ImportError:  # pragma: no cover
-    FLOPS = {}
-
-_MODULE_TYPES = {
-    "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv", "ConvTranspose1d": "conv",
-    "ConvTranspose2d": "conv", "ConvTranspose3d": "conv",
-    "Linear": "fc", "Bilinear": "fc",
-    "ReLU": "relu", "ReLU6": "relu", "LeakyReLU": "relu", "PReLU": "relu", "ELU": "relu",
-    "Threshold": "relu", "Hardtanh": "relu", "SiLU": "relu",
-    "MaxPool1d": "pool", "MaxPool2d": "pool", "MaxPool3d": "pool", "AvgPool1d": "pool",
-    "AvgPool2d": "pool", "AvgPool3d": "pool", "AdaptiveAvgPool1d": "pool",
-    "AdaptiveAvgPool2d": "pool", "AdaptiveAvgPool3d": "pool", "AdaptiveMaxPool2d": "pool",
-    "BatchNorm1d": "bn", "BatchNorm2d": "bn", "BatchNorm3d": "bn", "SyncBatchNorm": "bn",
-    "GroupNorm": "bn", "InstanceNorm2d": "bn",
-    "LocalResponseNorm": "lrn",
-    "Dropout": "dropout", "Dropout1d": "dropout", "Dropout2d": "dropout", "Dropout3d": "dropout",
-    "LayerNorm": "layernorm", "RMSNorm": "layernorm",
-    "Embedding": "embedding", "EmbeddingBag": "embedding",
-    "GELU": "gelu", "Softmax": "softmax", "LogSoftmax": "softmax", "Softmax2d": "softmax",
-    "MultiheadAttention": "attention",
-    "_Loss": "loss",
-}
-
-
-def module_type(module: nn.Module) -> str:
-    """The layer-type vocabulary word for a module class (or a base class), else 'other'."""
-    for cls in type(module).__mro__:
-        kind = _MODULE_TYPES.get(cls.__name__)
-        if kind:
-            return kind
-    return "other"
-
-
-def marker(name: str) -> None:
-    """An empty profiler range named `name` (the structure pass's markers)."""
-    with _Range(name):
-        pass
-
-
-def _addr(t: torch.Tensor) -> int | None:
-    try:
-        return int(t.untyped_storage().data_ptr()) or None
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def _storage_bytes(t: torch.Tensor) -> int:
-    try:
-        return int(t.untyped_storage().nbytes())
-    except (RuntimeError, NotImplementedError):
-        return 0
-
-
-class _DispatchLog(TorchDispatchMode):
-    """Logs, for each aten op below autograd, the storages it reads on the recorded device, its
-    flops (torch.utils.flop_counter's formulas) and the bytes of its tensor arguments and results,
-    and leaves a marker 'vsim::d#N' inside the op in the profiler capture."""
-
-    def __init__(self, log: StructureLog, device_type: str) -> None:
-        super().__init__()
-        self.log = log
-        self.device_type = device_type
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if getattr(func, "namespace", "") == "profiler":
-            return out
-        reads: list[int] = []
-        nbytes = 0.0
-        flat_in, _ = tree_flatten((args, kwargs))
-        flat_out, _ = tree_flatten(out)
-        for x in flat_in:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                a = _addr(x)
-                if a is not None:
-                    reads.append(a)
-                nbytes += x.numel() * x.element_size()
-        for x in flat_out:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                nbytes += x.numel() * x.element_size()
-        flops = 0.0
-        formula = FLOPS.get(getattr(func, "overloadpacket", None))
-        if formula is not None:
-            try:
-                flops = float(formula(*args, **kwargs, out_val=out))
-            except Exception:  # noqa: BLE001 - a formula that does not fit this call: unknown
-                flops = 0.0
-        n = len(self.log.dispatch)
-        self.log.dispatch.append((reads, flops, nbytes))
-        marker(f"{DISPATCH}{n}")
-        return out
-
 
 def _device_of(model: nn.Module, device: Any) -> torch.device:
     if device is not None:
@@ -169,7 +67,7 @@ def _device_of(model: nn.Module, device: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20, check=True)
@@ -284,7 +182,7 @@ class Recorder:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.done:
-            self._cleanup()
+            self.cleanup()
             if exc_type is None:
                 raise ConfigError(f"the recorder block ended {self.remaining} step() calls "
                                   "early: loop `while not rec.done`")
@@ -318,7 +216,7 @@ class Recorder:
             if self.gpu:
                 torch.cuda._sleep(1)  # the delimiter kernel: this iteration starts at its end
             else:
-                self._range = _Range(ITERATION)
+                self._range = ProfilerRange(ITERATION)
                 self._range.__enter__()
 
     def _end(self, phase: str) -> None:
@@ -365,22 +263,22 @@ class Recorder:
         names = {}
         for name, p in self.model.named_parameters():
             names[id(p)] = name
-            a = _addr(p)
+            a = tensor_addr(p)
             if a is not None:
-                found.append(Storage(a, _storage_bytes(p), "weight", name))
-            if p.grad is not None and _addr(p.grad) is not None:
-                found.append(Storage(_addr(p.grad), _storage_bytes(p.grad), "gradient",  # type: ignore[arg-type]
+                found.append(Storage(a, storage_bytes(p), "weight", name))
+            if p.grad is not None and tensor_addr(p.grad) is not None:
+                found.append(Storage(tensor_addr(p.grad), storage_bytes(p.grad), "gradient",  # type: ignore[arg-type]
                                      f"grad {name}"))
         for name, b in self.model.named_buffers():
-            a = _addr(b)
+            a = tensor_addr(b)
             if a is not None:
-                found.append(Storage(a, _storage_bytes(b), "weight", f"buffer {name}"))
+                found.append(Storage(a, storage_bytes(b), "weight", f"buffer {name}"))
         found.extend(self._optimizer_storages(names))
         flat, _ = tree_flatten(self.inputs)
         for i, x in enumerate(t for t in flat if isinstance(t, torch.Tensor)):
-            a = _addr(x)
+            a = tensor_addr(x)
             if a is not None:
-                found.append(Storage(a, _storage_bytes(x), "input", f"input {i}"))
+                found.append(Storage(a, storage_bytes(x), "input", f"input {i}"))
         return [s for s in found if s.size > 0]
 
     def _optimizer_storages(self, names: dict[int, str] | None = None) -> list[Storage]:
@@ -394,9 +292,9 @@ class Recorder:
                 continue
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.device.type == self.device.type:
-                    a = _addr(value)
+                    a = tensor_addr(value)
                     if a is not None:
-                        found.append(Storage(a, _storage_bytes(value), "optimizer_state",
+                        found.append(Storage(a, storage_bytes(value), "optimizer_state",
                                              f"{names.get(id(p), 'param')}.{key}"))
         return found
 
@@ -434,7 +332,7 @@ class Recorder:
         stack: list[Any] = []
 
         def pre(qual: str, _m: nn.Module, _args: Any) -> None:
-            r = _Range(f"{MODULE}{qual}")
+            r = ProfilerRange(f"{MODULE}{qual}")
             r.__enter__()
             stack.append(r)
 
@@ -456,7 +354,7 @@ class Recorder:
                 def on_grad(param: torch.Tensor) -> None:
                     if param.grad is None:
                         return
-                    a = _addr(param.grad)
+                    a = tensor_addr(param.grad)
                     if a is None:
                         return
                     name, module = owner.get(id(param), ("param", ""))
@@ -468,7 +366,7 @@ class Recorder:
         original = torch.autograd.backward
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            with _Range(BACKWARD):
+            with ProfilerRange(BACKWARD):
                 return original(*args, **kwargs)
 
         torch.autograd.backward = backward  # type: ignore[assignment]
@@ -477,7 +375,7 @@ class Recorder:
         # saved tensors
         def pack(t: torch.Tensor) -> Any:
             k = len(log.saved)
-            a = _addr(t) if t.device.type == self.device.type else None
+            a = tensor_addr(t) if t.device.type == self.device.type else None
             log.saved.append(a or 0)
             marker(f"{SAVE}{k}")
             return (k, t)
@@ -490,10 +388,10 @@ class Recorder:
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         hooks.__enter__()
         self._undo.append(lambda: hooks.__exit__(None, None, None))
-        mode = _DispatchLog(log, self.device.type)
+        mode = DispatchLog(log, self.device.type)
         mode.__enter__()
         self._undo.append(lambda: mode.__exit__(None, None, None))
-        rng = _Range(ITERATION)
+        rng = ProfilerRange(ITERATION)
         rng.__enter__()
         self._undo.append(lambda: rng.__exit__(None, None, None))
 
@@ -524,7 +422,7 @@ class Recorder:
             torch.cuda.memory._record_memory_history(None)
         return profiler
 
-    def _cleanup(self) -> None:
+    def cleanup(self) -> None:
         if self._profiler is not None or self._undo or self._history_on:
             self._teardown(collect=False)
 
@@ -607,7 +505,7 @@ class Recorder:
             "torch": torch.__version__,
             "cuda": torch.version.cuda if gpu else None,
             "cudnn": torch.backends.cudnn.version() if gpu else None,
-            "driver": _driver_version() if gpu else None,
+            "driver": driver_version() if gpu else None,
             "recorder": RECORDER_VERSION,
             "hardware": hardware_guess(name) if gpu else None,
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -48,6 +48,7 @@ from ..errors import ConfigError
 from ..hardware import Hardware
 from ..trace.importers import AllocDraft, MemRec, build_trace, short_op_name
 from ..trace.schema import Trace
+from . import dispatchlog
 from . import recorder as _rec
 from .assemble import DISPATCH, StructureLog, structure_ops
 from .hf import default_seq, is_hf, meta_safe
@@ -166,14 +167,14 @@ class _MetaMemory:
         self.live[key] = (a, size)
         if self.recording:
             self.events.append((a, size))
-            _rec.marker(f"{ALLOC}{len(self.events) - 1}")
+            dispatchlog.marker(f"{ALLOC}{len(self.events) - 1}")
 
     def _gone(self, key: int) -> None:
         self.addr_of.pop(key, None)
         hit = self.live.pop(key, None)
         if hit is not None and self.recording:
             self.events.append((hit[0], -hit[1]))
-            _rec.marker(f"{FREE}{len(self.events) - 1}")
+            dispatchlog.marker(f"{FREE}{len(self.events) - 1}")
 
 
 def _is_view(func: Any) -> bool:
@@ -185,7 +186,7 @@ def _is_view(func: Any) -> bool:
                               for r in rets)
 
 
-class _SynthDispatch(_rec._DispatchLog):
+class _SynthDispatch(dispatchlog.DispatchLog):
     """The recorder's dispatch log on the meta device, plus allocations (_MetaMemory), whether
     each aten call would launch a kernel, and convolution geometry."""
 
@@ -215,7 +216,7 @@ class _SynthDispatch(_rec._DispatchLog):
             if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
                 nbytes += x.numel() * x.element_size()
         flops = 0.0
-        formula = _rec.FLOPS.get(getattr(func, "overloadpacket", None))
+        formula = dispatchlog.FLOPS.get(getattr(func, "overloadpacket", None))
         if formula is not None:
             try:
                 flops = float(formula(*args, **kwargs, out_val=out))
@@ -226,7 +227,7 @@ class _SynthDispatch(_rec._DispatchLog):
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
         self.calls.append((name, launches, _conv_info(name, args, out)))
-        _rec.marker(f"{DISPATCH}{n}")
+        dispatchlog.marker(f"{DISPATCH}{n}")
         return out
 
 
@@ -401,10 +402,11 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
         pass
     Dispatch.memory = memory
     Dispatch.calls = calls
-    saved = _rec._addr, _rec._DispatchLog, _rec._storage_bytes
-    _rec._addr = memory.addr  # type: ignore[assignment]
-    _rec._DispatchLog = Dispatch  # type: ignore[misc]
-    _rec._storage_bytes = lambda t: memory.size(t.untyped_storage().nbytes())  # type: ignore
+    # the recorder's names for these (bound in vsim.record.recorder) stand in for the meta run
+    saved = _rec.tensor_addr, _rec.DispatchLog, _rec.storage_bytes
+    _rec.tensor_addr = memory.addr  # type: ignore[assignment]
+    _rec.DispatchLog = Dispatch  # type: ignore[misc]
+    _rec.storage_bytes = lambda t: memory.size(t.untyped_storage().nbytes())  # type: ignore
     try:
         with _CudaKernels(), (meta_safe() if is_hf(model) else contextlib.nullcontext()):
             rec = _MetaRecorder(net, opt, memory=memory, inputs=(inputs, target),
@@ -414,7 +416,7 @@ def synthesize(model: str, batch: int, hw: Hardware, *, workspace: str = "cudnn9
                     step()
                     rec.step()
     finally:
-        _rec._addr, _rec._DispatchLog, _rec._storage_bytes = saved  # type: ignore[misc]
+        _rec.tensor_addr, _rec.DispatchLog, _rec.storage_bytes = saved  # type: ignore[misc]
     say(f"structure pass: {len(rec.structure_capture.ops)} top-level ops, {len(calls)} aten "
         f"calls, {sum(1 for e in memory.events if e[1] > 0)} allocations")
     trace = _assemble(rec, memory, calls, workspace, library_residents)

@@ -126,7 +126,7 @@ def map_ops(step: Callable[[], Any], model: torch.nn.Module, optimizer: Any, inp
         with calls:
             step()
     except BaseException:
-        rec._cleanup()
+        rec.cleanup()
         raise
     rec.end_structure()
     sops, allocs, _ = structure_ops(rec.structure_capture, rec.log)

@@ -49,11 +49,11 @@ def compare_gradients(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any
 
 def provenance(device: torch.device, command: str) -> dict[str, Any]:
     """Device, driver and library versions, date and command (no host name)."""
-    from ..record.recorder import _driver_version
+    from ..record.recorder import driver_version
 
     gpu = device.type == "cuda"
     return {"device": torch.cuda.get_device_name(device) if gpu else "cpu",
-            "driver": _driver_version() if gpu else None,
+            "driver": driver_version() if gpu else None,
             "torch": torch.__version__,
             "cuda": torch.version.cuda if gpu else None,
             "cudnn": torch.backends.cudnn.version() if gpu else None,

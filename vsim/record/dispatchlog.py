@@ -1,0 +1,85 @@
+"""The recorder's dispatch-level log: for each aten call below autograd, the storages it reads, its
+flops and the bytes of its operands, with a profiler marker inside the call (vsim::d#N) that ties
+the call to the kernels it launches. Used by the recorder's structure pass and by synth (which
+runs the same mode on meta tensors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .assemble import DISPATCH, StructureLog
+
+try:  # a profiler range without a dispatcher op of its own (torch >= 2.2)
+    from torch._C._profiler import _RecordFunctionFast as ProfilerRange
+except ImportError:  # pragma: no cover
+    from torch.autograd.profiler import record_function as ProfilerRange  # type: ignore[assignment]
+
+try:
+    from torch.utils.flop_counter import flop_registry as FLOPS
+except ImportError:  # pragma: no cover
+    FLOPS = {}
+
+def marker(name: str) -> None:
+    """An empty profiler range named `name` (the structure pass's markers)."""
+    with ProfilerRange(name):
+        pass
+
+
+def tensor_addr(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr()) or None
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+class DispatchLog(TorchDispatchMode):
+    """Logs, for each aten op below autograd, the storages it reads on the recorded device, its
+    flops (torch.utils.flop_counter's formulas) and the bytes of its tensor arguments and results,
+    and leaves a marker 'vsim::d#N' inside the op in the profiler capture."""
+
+    def __init__(self, log: StructureLog, device_type: str) -> None:
+        super().__init__()
+        self.log = log
+        self.device_type = device_type
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if getattr(func, "namespace", "") == "profiler":
+            return out
+        reads: list[int] = []
+        nbytes = 0.0
+        flat_in, _ = tree_flatten((args, kwargs))
+        flat_out, _ = tree_flatten(out)
+        for x in flat_in:
+            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
+                a = tensor_addr(x)
+                if a is not None:
+                    reads.append(a)
+                nbytes += x.numel() * x.element_size()
+        for x in flat_out:
+            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
+                nbytes += x.numel() * x.element_size()
+        flops = 0.0
+        formula = FLOPS.get(getattr(func, "overloadpacket", None))
+        if formula is not None:
+            try:
+                flops = float(formula(*args, **kwargs, out_val=out))
+            except Exception:  # noqa: BLE001 - a formula that does not fit this call: unknown
+                flops = 0.0
+        n = len(self.log.dispatch)
+        self.log.dispatch.append((reads, flops, nbytes))
+        marker(f"{DISPATCH}{n}")
+        return out
