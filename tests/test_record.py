@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from vsim.errors import ConfigError  # noqa: E402
 from vsim.record import selfcheck  # noqa: E402
-from vsim.record.assemble import align, fit_idle  # noqa: E402
+from vsim.record.assemble import align  # noqa: E402
 from vsim.record.recorder import Recorder, hardware_guess, record_model, record_step  # noqa: E402
+from vsim.record.timing import fit_idle  # noqa: E402
 from vsim.record.zoo import build_model, list_models, resnet_stages  # noqa: E402
 from vsim.trace import Kernel, Measured, Op, Tensor, Trace, load_trace, save_trace  # noqa: E402
 
@@ -349,7 +350,8 @@ def test_gpu_timing_pass_median_iteration_and_kernel_join() -> None:
     it4, origin 301: a at 4, x at 15, b at 17. The structure pass saw op 0 launch a and op 1
     launch b and c (c never ran in the timing pass); x, unseen by the structure pass, goes to
     the op of the kernel before it."""
-    from vsim.record.assemble import _StructOp, join_kernels, timing_kernels
+    from vsim.record.assemble import _StructOp, join_kernels
+    from vsim.record.timing import timing_kernels
     from vsim.trace.importers import Capture, CpuOp, KernelRec, OpDraft
 
     def k(name: str, start: float, end: float, op: int | None = None) -> KernelRec:

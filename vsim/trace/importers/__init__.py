@@ -43,8 +43,8 @@ from .chrome import (
     load_chrome,
     parse_chrome,
 )
-from .kineto import _phases as _phases  # vsim.record.assemble uses it
 from .kineto import backward_layers, clip_overlaps, import_kineto
+from .kineto import phases_of as phases_of  # vsim.record.assemble uses it
 from .snapshot import block_size, import_torch_snapshot, snapshot_blocks
 
 __all__ = [

@@ -21,7 +21,7 @@ from .chrome import Annotation, Capture, CpuOp, as_int, containing, load_chrome,
 
 # ---------------------------------------------------------------- Kineto import
 
-def _phases(ops: list[CpuOp], capture: Capture, backward: list[Annotation]) -> list[str]:
+def phases_of(ops: list[CpuOp], capture: Capture, backward: list[Annotation]) -> list[str]:
     """fwd before the first backward op, bwd from the first to the last backward op (autograd
     nodes, or ops inside a vsim::backward range), opt inside torch.optim's ranges, else other."""
     optim = capture.annotations_named(OPTIMIZER_PREFIX)
@@ -93,7 +93,7 @@ def import_kineto(path: str | Path, step: int | None = None) -> Trace:
         ops = list(capture.ops)
         origin = ops[0].start_ns
         label = "whole capture"
-    phases = _phases(ops, capture, [])
+    phases = phases_of(ops, capture, [])
     layers = [""] * len(ops)
     types = [op_layer_type(op.name) if phases[i] != "opt" else "optimizer"
              for i, op in enumerate(ops)]
