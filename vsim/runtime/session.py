@@ -68,6 +68,11 @@ def deterministic() -> Iterator[None]:
 _ENGINES_SQUEEZED = False
 
 
+def squeezes(plan: Plan) -> bool:
+    """Whether the plan runs a convolution without workspace (executed by squeezing it)."""
+    return any(isinstance(a, Retime) and a.workspace_bytes == 0 for a in plan.actions)
+
+
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
@@ -245,6 +250,13 @@ class Session:
 
     # ------------------------------------------------------------ one case
 
+    def squeezes(self, policy: str, memory_bytes: int | None = None) -> bool:
+        """Whether the policy's plan for this case runs convolutions squeezed (on a GPU), which
+        changes the engines cuDNN caches for the rest of the process: such a case is measured
+        in a process of its own (vsim.runtime.suite)."""
+        capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
+        return self.gpu and squeezes(make_policy(policy).plan(self.trace, self.hw, capacity))
+
     def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
             warmup: int | None = None, instrument: bool = False, strict: bool = True,
             command: str | None = None, profile_last: bool = False) -> dict[str, Any]:
@@ -266,8 +278,7 @@ class Session:
             raise ConfigError(f"{policy}: an earlier case in this process ran convolutions "
                               "squeezed to workspace-free engines, which PyTorch keeps using; "
                               "run each such case alone (--only ID)")
-        if any(isinstance(a, Retime) and a.workspace_bytes == 0 for a in plan.actions) \
-                and self.gpu:
+        if squeezes(plan) and self.gpu:
             _ENGINES_SQUEEZED = True
         notes = list(plan.notes)
         self._clean()

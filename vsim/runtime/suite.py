@@ -53,12 +53,16 @@ def map_in_subprocesses(groups: list[tuple[str, int, str]], out_dir: Path, devic
 def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str = "cuda",
               hardware: str = "h100-sxm", iters: int = 10, warmup: int = 3,
               progress: Progress | None = None, deadline_s: float | None = None,
-              separate_maps: bool = False, profile_last: bool = False) -> list[str]:
+              separate_maps: bool = False, profile_last: bool = False,
+              isolated: bool = False) -> list[str]:
     """Measure `cases` ({id, model, batch, trace, policy | builtin, memory, warmup}) in this
     process, one Session per (model, batch, trace), in the order first seen; write
     OUT_DIR/ID.json as each ends. A case that raises is reported (ID.error.txt) and the suite
     goes on. No case starts after `deadline_s` seconds. `separate_maps`: op maps made in
-    subprocesses first (map_in_subprocesses). Returns the ids that failed or were not run."""
+    subprocesses first (map_in_subprocesses). A case whose plan squeezes convolutions
+    (workspace-free Retimes) changes cuDNN's engine cache for the rest of the process: it is
+    measured after the others, each in a fresh process (measure_alone), unless `isolated` (this
+    process is already its own). Returns the ids that failed or were not run."""
     from ..units import parse_size
 
     start = time.perf_counter()
@@ -74,6 +78,7 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
         maps = map_in_subprocesses(keys, out, device, hardware, warmup, say)  # type: ignore[arg-type]
         say(f"op maps made in {time.perf_counter() - start:.1f} s")
     failed: list[str] = []
+    alone: list[dict[str, Any]] = []  # cases whose plans squeeze convolutions
     for (model, batch, trace_path), group in groups.items():
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             failed += [c["id"] for c in group]
@@ -105,6 +110,10 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                 continue
             t1 = time.perf_counter()
             memory = parse_size(c["memory"], c["id"]) if c.get("memory") else None
+            if c.get("policy") and not isolated and session.squeezes(c["policy"], memory):
+                alone.append(c)  # after the others, in a process of its own
+                say(f"  {c['id']}: runs convolutions squeezed: measured alone at the end")
+                continue
             case_warmup = int(c.get("warmup", warmup))
             try:
                 if c.get("builtin"):
@@ -143,7 +152,35 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+    for c in alone:
+        if deadline_s is not None and time.perf_counter() - start > deadline_s:
+            failed.append(c["id"])
+            say(f"  {c['id']}: not run (deadline)")
+            continue
+        if not measure_alone(c, out, device=device, hardware=hardware, iters=iters,
+                             warmup=warmup, say=say):
+            failed.append(c["id"])
     return failed
+
+
+def measure_alone(case: dict[str, Any], out: Path, *, device: str, hardware: str, iters: int,
+                  warmup: int, say: Progress) -> bool:
+    """Measure one case in a fresh process (its own suite file in OUT): a case whose plan
+    squeezes convolutions leaves cuDNN's engine cache changed for the rest of its process."""
+    import subprocess
+
+    import yaml
+
+    suite = out / f"alone-{case['id']}.yaml"
+    suite.write_text(yaml.safe_dump({"cases": [case]}, sort_keys=False))
+    cmd = [sys.executable, "-m", "vsim.runtime.measure", str(suite), str(out), "--isolated",
+           "--device", device, "--hw", hardware, "--iters", str(iters), "--warmup", str(warmup)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    suite.unlink()
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"  {case['id']}:")]
+    say(lines[-1] if lines else f"  {case['id']}: FAILED in its own process: "
+        f"{proc.stderr.strip()[-400:]}")
+    return proc.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="make the op maps in subprocesses first")
     parser.add_argument("--profile-last", action="store_true",
                         help="profile one extra iteration's kernels per case (profile_last)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="measure squeezing cases here too (a process of their own)")
     parser.add_argument("--map", nargs=4, metavar=("MODEL", "BATCH", "TRACE", "OUT"),
                         help="only write the op map of MODEL at BATCH for TRACE")
     args = parser.parse_args(argv)
@@ -195,6 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = run_suite(cases, args.out_dir, device=args.device, hardware=args.hw,
                        iters=args.iters, warmup=args.warmup, progress=say,
                        deadline_s=args.deadline, separate_maps=args.separate_maps,
-                       profile_last=args.profile_last)
+                       profile_last=args.profile_last, isolated=args.isolated)
     say(f"done: {len(cases) - len(failed)} measured, {len(failed)} failed or not run {failed}")
     return 1 if failed else 0
