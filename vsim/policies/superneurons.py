@@ -91,7 +91,8 @@ def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action
     else:
         for t in sorted(seg.dropped, key=lambda t: view.pos[need[t]]):  # type: ignore[index]
             before = need[t] or 0
-            chain = rebuild_chain(view, seg.ops, (t,), view.before(before))
+            # from the checkpoint: an output the segment drops is recomputed too, not read
+            chain = rebuild_chain(view, seg.ops, (t,), view.before(before), seg.dropped)
             acts.append(Recompute(chain, before, (t,)))
     return acts
 
