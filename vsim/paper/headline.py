@@ -13,7 +13,7 @@ from typing import Any
 
 from ..hardware import Hardware
 from ..trace.schema import Trace
-from .vdnn_order import replay
+from .vdnn_order import replay, smallest_pool
 
 GIB = 2**30
 # policy label in vsim.paper.vdnn.POLICIES -> vDNN-order replay (mode, memory-optimal)
@@ -52,6 +52,20 @@ def headline_rows(rows_b256: list[dict[str, Any]], trace_b256: Trace,
                        f"asked, {order['free_bytes'] / GIB:.2f} GiB free, largest free block "
                        f"{order['largest_free_bytes'] / GIB:.2f} GiB; live bytes would reach "
                        f"{order['need_bytes'] / GIB:.2f} of {hw.capacity_bytes / GIB:.2f} GiB)"))
+                if not order["fits"]:
+                    dxf = replay(trace_b256, hw.capacity_bytes, mode, mem, dx_first=True)
+                    need = smallest_pool(trace_b256, mode, mem, unbounded["peak_bytes"],
+                                         2 * hw.capacity_bytes)
+                    parts.append(
+                        "with dX allocated before the prefetch (vDNN++'s order) it "
+                        + ("fits" if dxf and dxf["fits"] else "fails too")
+                        + ("" if need is None else
+                           f"; cnmem's best fit needs a pool of {need / GIB:.2f} GiB for this "
+                           f"order, {need / unbounded['peak_bytes'] - 1:+.0%} over the live "
+                           f"bytes and over even a whole 12 GiB card: cnmem (NVIDIA/cnmem "
+                           "cnmem.cpp) cannot move blocks and, its pool reserved at the card's "
+                           "size, has nothing to grow into, so the fit the paper reports needs "
+                           "an allocation order or placement that its text does not give"))
             if fused is not None:
                 parts.append(f"with the re-implementation's CONV+ReLU fusion (Y kept through the "
                              f"CONV's backward) it would need {fused['peak_bytes'] / GIB:.2f} "

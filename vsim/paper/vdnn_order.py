@@ -73,11 +73,14 @@ def _relu_after(trace: Trace) -> set[str]:
 
 
 def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
-           first_fit: bool = False, fused_relu: bool = False) -> dict[str, Any] | None:
+           first_fit: bool = False, fused_relu: bool = False,
+           dx_first: bool = False) -> dict[str, Any] | None:
     """vDNN_`mode` ('all' | 'conv') on `trace` in vDNN's allocation order through the cnmem
     model at `capacity_bytes`: {fits, peak_bytes (what was live at most), need_bytes and
     largest_free_bytes at the failing request, failed (what)}; None for a non-chain network.
-    `fused_relu`: the re-implementation's order (Y freed after the CONV's backward)."""
+    `fused_relu`: the re-implementation's order (Y freed after the CONV's backward);
+    `dx_first`: a layer's dX allocated before the prefetch buffer (the order of vDNN++'s
+    simulateNeuralNetworkMemory, shriramsb/vdnn-plus-plus vdnn/src/neural_net.cu)."""
     if forks(trace):
         return None
     layers: list[FwdLayer] = forward_layers(trace)
@@ -123,6 +126,8 @@ def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
                 # the ReLU layer above ran its backward in place: its Y (this layer's) goes
                 free(x[i + 1])
                 x[i + 1] = None
+            if i > 0 and dx_first:
+                dx[i] = malloc(x_size[i], f"dX of {layers[i].name}")
             if i > 0:
                 for k in range(i - 1, -1, -1):
                     if offload[k] and not fetched[k]:
@@ -131,7 +136,8 @@ def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
                         break
                     if layers[k].layer_type == "conv":
                         break
-                dx[i] = malloc(x_size[i], f"dX of {layers[i].name}")
+                if not dx_first:
+                    dx[i] = malloc(x_size[i], f"dX of {layers[i].name}")
             free(malloc(0 if memory_algo else bws.get(layers[i].name, 0),
                         f"backward workspace of {layers[i].name}"))
             free(x[i + 1])
@@ -145,3 +151,21 @@ def replay(trace: Trace, capacity_bytes: int, mode: str, memory_algo: bool,
                 "need_bytes": pool.allocated_bytes + size,
                 "largest_free_bytes": pool.largest_free_bytes(), "request_bytes": size,
                 "free_bytes": pool.free_in_segments_bytes()}
+
+
+def smallest_pool(trace: Trace, mode: str, memory_algo: bool, low: int, high: int,
+                  dx_first: bool = False, step: int = 2**24) -> int | None:
+    """The smallest cnmem pool (bytes, to `step`) in [low, high] in which vDNN's order fits,
+    by bisection (fitting is taken as monotonic in the pool size); None if not even at high."""
+    def fits(cap: int) -> bool:
+        r = replay(trace, cap, mode, memory_algo, dx_first=dx_first)
+        return bool(r and r["fits"])
+    if not fits(high):
+        return None
+    while high - low > step:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return high

@@ -186,12 +186,14 @@ def recompute_chain(view: TraceView, t: int) -> tuple[int, ...]:
     return tuple(sorted({producer, *view.inplace_ops(t)}, key=view.pos.__getitem__))
 
 
-def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], slot: int
-                  ) -> tuple[int, ...]:
+def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], slot: int,
+                  gone: Iterable[int] = ()) -> tuple[int, ...]:
     """The fewest of `ops` (forward ops, trace order) that rebuild `targets` at `slot`: the ops
     that write a target or modify one in place, and, recursively, those that write what they
-    read when it is no longer on the device at `slot` (by the trace)."""
+    read when it is no longer on the device at `slot` (by the trace, or because it is in `gone`:
+    dropped by the plan though the trace still holds it)."""
     ops = list(ops)
+    gone = set(gone)
     needed = set(targets)
     chosen: list[int] = []
     for o in reversed(ops):
@@ -200,7 +202,7 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
             chosen.append(o)
             for t in op.reads:
                 producer = view.tensor[t].producer
-                if producer in ops and not alive_in_trace(view, t, slot):
+                if producer in ops and (t in gone or not alive_in_trace(view, t, slot)):
                     needed.add(t)
     return tuple(reversed(chosen))
 

@@ -77,7 +77,8 @@ def segments(view: TraceView) -> list[Segment]:
     return out
 
 
-def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action]:
+def recompute_actions(view: TraceView, seg: Segment, speed: bool,
+                      from_checkpoint: bool = False) -> list[Action]:
     need = {t: view.first_bwd_reader(t) for t in seg.dropped}
     acts: list[Action] = []
     for t in seg.dropped:
@@ -91,7 +92,9 @@ def recompute_actions(view: TraceView, seg: Segment, speed: bool) -> list[Action
     else:
         for t in sorted(seg.dropped, key=lambda t: view.pos[need[t]]):  # type: ignore[index]
             before = need[t] or 0
-            chain = rebuild_chain(view, seg.ops, (t,), view.before(before))
+            # from_checkpoint: an output the segment drops is recomputed too, not read
+            gone = seg.dropped if from_checkpoint else ()
+            chain = rebuild_chain(view, seg.ops, (t,), view.before(before), gone)
             acts.append(Recompute(chain, before, (t,)))
     return acts
 
@@ -124,7 +127,13 @@ class SuperNeurons(FittedPolicy):
                    "offload of CONV outputs under memory pressure with prefetch at backward CONVs")
     recompute: str = choice("auto", "speed", "memory", "off")
     algo: str = choice("auto", "performance", "memory")
-    examples = ("superneurons:recompute=off", "superneurons:recompute=memory")
+    # memory-centric rebuilds: `reads` (default, the plans the validation corpus was measured
+    # with) read what the trace still holds, so a segment whose rebuild would read an output it
+    # drops is kept; `checkpoint` recomputes such outputs from the segment's checkpoint, as
+    # SuperNeurons' paper does (validation/paper/superneurons-k40.yaml)
+    rebuild: str = choice("reads", "checkpoint")
+    examples = ("superneurons:recompute=off", "superneurons:recompute=memory",
+                "superneurons:rebuild=checkpoint")
 
     def plan_for(self, at: Attempt) -> Plan:
         view, budget = at.view, at.budget
@@ -141,7 +150,8 @@ class SuperNeurons(FittedPolicy):
             segs = segments(view)
             all_dropped = {t for seg in segs for t in seg.dropped}
             for seg in segs:
-                mem = recompute_actions(view, seg, speed=False)
+                ckpt = self.rebuild == "checkpoint"
+                mem = recompute_actions(view, seg, speed=False, from_checkpoint=ckpt)
                 if not feasible(view, recompute_actions(view, seg, speed=True), all_dropped) \
                         or not feasible(view, mem, all_dropped):
                     n_skipped += 1
