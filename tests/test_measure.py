@@ -309,3 +309,47 @@ def test_profile_summary_counts_overlapping_streams_once():
     assert summary["gpu_busy_us"] == 30 and summary["kernel_us"] == 35
     assert summary["kernels"][0] == {"name": "conv", "calls": 2, "us": 20}
     assert summary["wall_us"] == 50.0
+
+
+@pytest.fixture(scope="module")
+def constants() -> tuple[Trace, Session]:
+    trace = record_model("constmodels:masked_attention", BATCH, device="cpu", warmup=1, iters=2,
+                         timing_iters=1, precision="bf16", optimizer="adamw")
+    return trace, Session(None, None, trace, device="cpu", warmup=1)
+
+
+@pytest.mark.parametrize("spec", ["recompute", "recompute:strategy=sqrt"])
+def test_recomputation_reads_constants_made_in_forward(constants, spec: str) -> None:
+    """torch.tensor(...) inside forward (aten.lift_fresh; GPT-2's attention mask value) makes a
+    constant whose storage is gone after forward: a recomputed chain that reads it used to stop
+    with 'reads a tensor that is no longer on the GPU'."""
+    trace, s = constants
+    capacity = _tight(trace)
+    plan = make_policy(spec).plan(trace, s.hw, capacity)
+    chains = {o for a in plan.actions if isinstance(a, Recompute) for o in a.ops}
+    names = {trace.ops[o].name for o in chains}
+    assert "aten::where" in names, names  # the chain reads the mask value
+    result = s.run(spec, capacity, iters=1, warmup=1)
+    assert result["fits"] and result["check"]["bitwise_equal"], result["check"]
+    assert result["executed"]["recomputed_calls"] > 0
+
+
+def test_a_recomputed_lift_fresh_call_reuses_its_constant(constants) -> None:
+    """The GPU's case (GPT-2, 'aten.lift_fresh.default of op 238 reads a tensor that is no
+    longer on the GPU'): the chain re-runs aten.lift_fresh itself, whose argument was made
+    outside the dispatcher and is gone after forward."""
+    trace, s = constants
+    names = [op.name for op in trace.ops]
+    where = names.index("aten::where")  # the first block's masking
+    start = max(o for o in range(where) if names[o] == "aten::mul")  # q * k, its inputs saved
+    assert names[start:where + 1].count("aten::lift_fresh") == 2
+    out = trace.ops[where].writes[0]
+    back = next(o for o, op in enumerate(trace.ops) if op.phase == "bwd")
+    last = max(o for o, op in enumerate(trace.ops) if out in op.reads and o < back)
+    plan = Plan(actions=[Drop(tensor=out, after_op=last),
+                         Recompute(tensors=(out,), ops=tuple(range(start, where + 1)),
+                                   before_op=back)])
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    got = compare_gradients(s.reference, s.gradients(ex))
+    assert got["bitwise_equal"], got
+    assert ex.stats.drops == 1 and ex.stats.recomputed_calls >= 5  # mul, 2 lift_fresh, div, where

@@ -9,6 +9,8 @@ Per model (a trace in traces/ named MODEL-bBATCH-h100): no policy uncapped, and 
 bind at 0.8 and 0.6 of the recorded peak allocated bytes (rounded down to 0.1 GiB), each with
 policies taken in turn from the built-in list, shifted by three per model so that each policy
 meets every cap across the corpus; the measured runs use PyTorch's default allocator (caching).
+The Hugging Face models (traces MODEL-bBATCH-sSEQ-bf16-adamw-h100) get the same, eight cases
+each: every built-in policy but vdnn:mode=conv once, one uncapped and three at each cap.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ MODELS = {  # model: (batch, family)
     "convnext_tiny": (64, "convnext"), "vit_b_16": (32, "vision-transformer"),
     "swin_t": (32, "vision-transformer"),
 }
+# Hugging Face models recorded in bf16 autocast with AdamW (traces/record-hf.sh): model ->
+# (batch, seq, family). No vdnn:mode=conv (no convolutions); one case per policy per model.
+HF_MODELS = {
+    "gpt2": (8, 1024, "transformer-lm"), "gpt2-medium": (8, 1024, "transformer-lm"),
+    "llama-1b-8l": (4, 1024, "transformer-lm"), "bert-base": (16, 512, "transformer-encoder"),
+}
+HF_POLICIES = ["vdnn:mode=all", "vdnnpp", "superneurons", "layrub", "accudnn", "hybrid",
+               "recompute:strategy=sqrt"]
+HF_PER_CAP = {None: 1, 0.8: 3, 0.6: 3}
 # recompute (strategy=optimal) is left out until its planner finishes on these models (a 985-op
 # DenseNet-121 took 410 s to plan: issue 14).
 POLICIES = ["vdnn:mode=all", "vdnn:mode=conv", "vdnnpp", "superneurons", "layrub", "accudnn",
@@ -46,27 +57,54 @@ def slug(policy: str) -> str:
             "recompute-sqrt").replace(":", "-").replace("=", "-").replace(",", "-"))
 
 
+def _cap_label(memory: str | None) -> str:
+    return "" if memory is None else "-" + memory.replace(".", "p").replace("GiB", "g")
+
+
+def _model_cases(name: str, trace_path: str, base: dict, policies: list[str],
+                 per_cap: dict, shift: int, k: int) -> tuple[list[dict], int]:
+    """No policy uncapped, then `per_cap[frac]` policies at each cap (None: no cap; else
+    `frac` of the trace's measured peak allocated bytes, rounded down to 0.1 GiB), taken in turn
+    from `policies` starting `shift` further on; `k` counts the policies taken so far."""
+    trace = load_trace(ROOT / trace_path)
+    assert trace.measured is not None
+    peak = trace.measured.peak_allocated_bytes
+    cases = [{"id": f"{name}-none", **base, "policy": "none"}]
+    for frac, n in per_cap.items():
+        memory = None if frac is None else f"{int(frac * peak / 2**30 * 10) / 10:.1f}GiB"
+        for _ in range(n):
+            policy = policies[(k + shift) % len(policies)]
+            k += 1
+            case = {"id": f"{name}-{slug(policy)}{_cap_label(memory)}", **base,
+                    "policy": policy}
+            if memory:
+                case.update(memory=memory, warmup=2)
+            cases.append(case)
+    return cases, k
+
+
 def corpus_cases() -> list[dict]:
     cases = []
     k = 0
     for i, (model, (batch, family)) in enumerate(MODELS.items()):
         trace_path = f"traces/{model}-b{batch}-h100.vsim.json.gz"
-        trace = load_trace(ROOT / trace_path)
-        assert trace.measured is not None
-        peak = trace.measured.peak_allocated_bytes
         base = {"model": model, "batch": batch, "trace": trace_path, "family": family}
-        cases.append({"id": f"{model}-b{batch}-none", **base, "policy": "none"})
-        for frac, n in PER_CAP.items():
-            memory = None if frac is None else f"{int(frac * peak / 2**30 * 10) / 10:.1f}GiB"
-            for _ in range(n):
-                policy = POLICIES[(k + 3 * i) % len(POLICIES)]
-                k += 1
-                cap = "" if memory is None else "-" + memory.replace(".", "p").replace(
-                    "GiB", "g")
-                case = {"id": f"{model}-b{batch}-{slug(policy)}{cap}", **base, "policy": policy}
-                if memory:
-                    case.update(memory=memory, warmup=2)
-                cases.append(case)
+        got, k = _model_cases(f"{model}-b{batch}", trace_path, base, POLICIES, PER_CAP,
+                              3 * i, k)
+        cases += got
+    return cases
+
+
+def hf_cases() -> list[dict]:
+    """The Hugging Face models' cases: the step (bf16 autocast, AdamW, the sequence length)
+    is the trace's, which the measuring session takes from its meta."""
+    cases = []
+    for i, (model, (batch, seq, family)) in enumerate(HF_MODELS.items()):
+        name = f"{model}-b{batch}-s{seq}-bf16-adamw"
+        trace_path = f"traces/{name}-h100.vsim.json.gz"
+        base = {"model": model, "batch": batch, "trace": trace_path, "family": family}
+        got, _ = _model_cases(name, trace_path, base, HF_POLICIES, HF_PER_CAP, 3 * i, 0)
+        cases += got
     return cases
 
 
@@ -78,7 +116,7 @@ def main() -> int:
     suite_path = ROOT / "validation" / "suite.yaml"
     doc = yaml.safe_load(suite_path.read_text())
     have = {c["id"] for c in doc["cases"]}
-    new = [c for c in corpus_cases() if c["id"] not in have]
+    new = [c for c in corpus_cases() + hf_cases() if c["id"] not in have]
     if args.write and new:
         with suite_path.open("a") as f:
             f.write(yaml.safe_dump(new, sort_keys=False, width=100))

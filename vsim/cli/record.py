@@ -35,8 +35,9 @@ def add_record_verbs(verbs: Any) -> None:
 
     p = verbs.add_parser("measure", help="train with a policy's plan carried out for real "
                          "and record time and memory (needs torch; a GPU, or --device cpu)")
-    p.add_argument("model", help="zoo model name, torchvision name or module:callable")
-    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("model", nargs="?", help="zoo model name, torchvision name or "
+                   "module:callable (default: the trace's)")
+    p.add_argument("--batch", type=int, help="batch size (default: the trace's)")
     p.add_argument("--policy", required=True, help="policy spec NAME[:key=value,...]")
     p.add_argument("--memory", help="cap the process at this much device memory, e.g. 12GiB "
                    "(set_per_process_memory_fraction; also the capacity the plan is made for)")
@@ -51,6 +52,12 @@ def add_record_verbs(verbs: Any) -> None:
     p.add_argument("--no-strict", action="store_true",
                    help="run a recomputation that cannot rebuild a tensor's final value as "
                    "planned instead of stopping (the check then shows the damage)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length of a Hugging Face "
+                   "model (default: the trace's)")
+    p.add_argument("--precision", default=None, choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="the step's precision (default: the trace's; another is an error)")
+    p.add_argument("--optimizer", default=None, choices=("sgd", "adam", "adamw"),
+                   help="the step's optimizer (default: the trace's; another is an error)")
     p.add_argument("-o", "--output", required=True, help="result JSON")
     p.set_defaults(handler=cmd_measure)
 
@@ -198,9 +205,10 @@ def _quiet_profiler() -> Iterator[TextIO]:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    check_outputs([("-o", args.output)], [args.trace, model_source(args.model),
-                                          *spec_files([args.policy, args.hw])])
-    if args.batch <= 0:
+    check_outputs([("-o", args.output)],
+                  [args.trace, model_source(args.model) if args.model else None,
+                   *spec_files([args.policy, args.hw])])
+    if args.batch is not None and args.batch <= 0:
         raise ConfigError(f"--batch must be above zero, got {args.batch}")
     if args.iters < 1 or args.warmup < 0:
         raise ConfigError("--iters must be at least 1 and --warmup at least 0")
@@ -210,17 +218,28 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
     make_policy(args.policy)  # bad specs and profiles end here, before any GPU work
     load_hardware(args.hw)
+    model, batch, flags = args.model, args.batch, ""
     if args.trace:
+        from ..record.step import step_config
         from ..trace import load_trace
-        load_trace(args.trace)
+        cfg = step_config(load_trace(args.trace).meta, args.model, args.batch, args.precision,
+                          args.optimizer, args.seq, what=f"the trace {args.trace}")
+        model, batch = cfg.model, cfg.batch
+    elif args.model is None or args.batch is None:
+        raise ConfigError("give MODEL and --batch, or --trace (whose meta names them)")
+    else:
+        from ..record.step import StepConfig
+        flags = StepConfig(args.model, args.batch, args.precision or "fp32",
+                           args.optimizer or "sgd", args.seq).flags()
     from ..runtime.measure import measure, measure_command, summary_line, write_json
 
-    command = measure_command(args.model, args.batch, args.policy, memory, args.hw,
-                              args.trace, args.output)
-    result = measure(args.model, args.batch, args.policy, memory_bytes=memory,
+    command = measure_command(model, batch, args.policy, memory, args.hw, args.trace,
+                              args.output, flags)
+    result = measure(model, batch, args.policy, memory_bytes=memory,
                      hardware=args.hw, trace_path=args.trace, device=args.device,
                      warmup=args.warmup, iters=args.iters, check=not args.no_check,
-                     strict=not args.no_strict, progress=progress, command=command)
+                     strict=not args.no_strict, progress=progress, command=command,
+                     precision=args.precision, optimizer=args.optimizer, seq=args.seq)
     write_json(result, args.output)
     progress(f"{summary_line(result)}; wrote {args.output}")
     return 0

@@ -137,3 +137,80 @@ def training_step(model: str, batch: int, device: Any, precision: str = "fp32",
     check_choice(precision, optimizer)
     net, (inputs, target), loss_fn = build_model(model, batch, device, seq=seq)
     return step_from_parts(net, inputs, target, loss_fn, device, precision, optimizer)
+
+
+# ------------------------------------------------------- the step a trace was recorded with
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What `training_step` needs to rebuild the step a trace recorded: the model (zoo,
+    torchvision, Hugging Face name or MODULE:CALLABLE), batch, precision, optimizer and
+    sequence length (Hugging Face models)."""
+
+    model: str
+    batch: int
+    precision: str = "fp32"
+    optimizer: str = "sgd"
+    seq: int | None = None
+
+    def build(self, device: Any) -> TrainingStep:
+        return training_step(self.model, self.batch, device, precision=self.precision,
+                             optimizer=self.optimizer, seq=self.seq)
+
+    def flags(self) -> str:
+        """The command-line flags that name this step (as `vsim record` takes them)."""
+        return (f" --precision {self.precision} --optimizer {self.optimizer}"
+                + ("" if self.seq is None else f" --seq {self.seq}"))
+
+
+def _meta_optimizer(value: Any) -> str | None:
+    """meta.optimizer: the step's name (sgd, adam, adamw), or as traces before issue 17 wrote
+    it, the optimizer's label ("SGD(lr=0.01, momentum=0.9)")."""
+    if not isinstance(value, str) or not value:
+        return None
+    head = value.split("(", 1)[0].strip().lower()
+    return head if head in OPTIMIZERS else value
+
+
+def recorded_step(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a trace's meta says of its step: model, batch, precision, optimizer, seq (None where
+    it says nothing). Traces before issue 17 have no precision: fp32 (tf32 when their meta says
+    matmuls ran in TF32)."""
+    precision = meta.get("precision")
+    if precision is None and meta.get("source") == "measured":
+        tf32 = meta.get("tf32") or {}
+        precision = "tf32" if isinstance(tf32, dict) and tf32.get("matmul") else "fp32"
+    seq = meta.get("seq_len")
+    return {"model": meta.get("model"), "batch": meta.get("batch_size"),
+            "precision": precision, "optimizer": _meta_optimizer(meta.get("optimizer")),
+            "seq": int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None}
+
+
+def step_config(meta: dict[str, Any], model: str | None = None, batch: int | None = None,
+                precision: str | None = None, optimizer: str | None = None,
+                seq: int | None = None, what: str = "the trace") -> StepConfig:
+    """The step to run for a trace with `meta`: each of model, batch, precision, optimizer and
+    seq as given, else as the meta says (else the recorder's defaults: fp32, sgd). One given
+    that differs from what the trace recorded is a ConfigError: the run's ops would not be the
+    trace's."""
+    rec = recorded_step(meta)
+    asked: dict[str, Any] = {"model": model, "batch": batch, "precision": precision,
+                             "optimizer": optimizer, "seq": seq}
+    flag = {"model": "model", "batch": "--batch", "precision": "--precision",
+            "optimizer": "--optimizer", "seq": "--seq"}
+    for key, value in asked.items():
+        if value is not None and rec[key] is not None and value != rec[key]:
+            raise ConfigError(f"{flag[key]} {value} differs from {what}, recorded with "
+                              f"{flag[key]} {rec[key]}: the run's ops would not be the "
+                              "trace's (record a trace of this step, or leave the flag out)")
+    got: dict[str, Any] = {k: asked[k] if asked[k] is not None else rec[k] for k in asked}
+    if got["model"] is None or got["batch"] is None:
+        raise ConfigError(f"{what} does not name its model and batch (meta.model, "
+                          "meta.batch_size): give them")
+    cfg = StepConfig(str(got["model"]), int(got["batch"]), got["precision"] or "fp32",
+                     got["optimizer"] or "sgd", got["seq"])
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"{what} was recorded with optimizer {cfg.optimizer!r}, which the "
+                          f"runtime cannot rebuild (known: {', '.join(OPTIMIZERS)})")
+    check_choice(cfg.precision, cfg.optimizer)
+    return cfg

@@ -60,7 +60,7 @@ from ..plan import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
 from .hostmem import PinnedPool
 from .opmap import OpMap, OpSequenceError
-from .recompute import ExecutorError, Recomputation, RecordedCall
+from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCall
 from .tracker import Tracker
 
 SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
@@ -141,6 +141,10 @@ class Executor(Recomputation):
                              for o in rc.ops}
         self.rebuilt = {t for rcs in self.recompute_before.values() for rc in rcs
                         for t in rc.tensors}
+        # calls that make constants a recomputation may read (recompute.CONSTANT_FUNCS)
+        self.constant_calls: frozenset[int] = frozenset(
+            k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \
+            if self.recorded_ops else frozenset()
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.pool = pool
         self.host: dict[int, torch.Tensor] = {}   # per-tensor host buffers, reused
@@ -173,6 +177,7 @@ class Executor(Recomputation):
         self.rebuilt_storage: weakref.WeakKeyDictionary[Any, int] = \
             weakref.WeakKeyDictionary()
         self.modifiers: dict[int, list[RecordedCall]] = defaultdict(list)
+        self.constants: dict[int, torch.Tensor] = {}
         self.next_key = 0
         self.host_live = 0
         self.stats = IterationStats()
@@ -227,6 +232,7 @@ class Executor(Recomputation):
             self.storage = ({t: r for t, r in self.storage.items() if t in self.input_of}
                             if self.inputs_pending else {})
             self.recording = {}
+            self.constants = {}
 
     def restore_inputs(self) -> None:
         """Bring back inputs that `abort` could not (out of memory): call after the stopped

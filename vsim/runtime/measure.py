@@ -5,10 +5,11 @@
 
 The trace (given, or recorded first by the recorder) is planned with
 `make_policy(spec).plan(trace, load_hardware(hw), capacity)`, exactly as `vsim run` plans it,
-and vsim.runtime.executor carries the plan out while the zoo model trains (SGD with momentum,
-synthetic data, the recorder's own training step). A `Session` holds one model, batch and trace
-on one device and measures several cases in one process (the suite runs so; `python -m
-vsim.runtime.measure SUITE.yaml OUT_DIR`).
+and vsim.runtime.executor carries the plan out while the model trains with the step the trace
+recorded (vsim.record.step.training_step: the trace meta's model, precision -- autocast, grad
+scaler --, optimizer and sequence length; synthetic data). A `Session` holds one model, batch
+and trace on one device and measures several cases in one process (the suite runs so; `python
+-m vsim.runtime.measure SUITE.yaml OUT_DIR`).
 
 Per case: the process is capped with `torch.cuda.set_per_process_memory_fraction` (`--memory`),
 the caches are emptied, `warmup` iterations run, then `iters` timed iterations, each
@@ -41,22 +42,34 @@ __all__ = ["Session", "compare_gradients", "main", "map_in_subprocesses", "measu
            "measure_command", "provenance", "run_suite", "summary_line", "write_json"]
 
 
-def measure(model: str, batch: int, policy: str, *, memory_bytes: int | None = None,
-            hardware: str = "h100-sxm", trace_path: str | None = None, device: str = "cuda",
-            warmup: int = 3, iters: int = 10, check: bool = True, strict: bool = True,
-            progress: Progress | None = None, command: str | None = None) -> dict[str, Any]:
-    """Measure one case (see the module docstring). Without `trace_path` the trace is recorded
-    first with the recorder (vsim.record.recorder.record_model) on `device`."""
+def measure(model: str | None, batch: int | None, policy: str, *,
+            memory_bytes: int | None = None, hardware: str = "h100-sxm",
+            trace_path: str | None = None, device: str = "cuda", warmup: int = 3,
+            iters: int = 10, check: bool = True, strict: bool = True,
+            progress: Progress | None = None, command: str | None = None,
+            precision: str | None = None, optimizer: str | None = None,
+            seq: int | None = None) -> dict[str, Any]:
+    """Measure one case (see the module docstring). Model, batch and step (`precision`,
+    `optimizer`, `seq`): None takes the trace's; one that differs from the trace's is a
+    ConfigError. Without `trace_path` the trace is recorded first with the recorder
+    (vsim.record.recorder.record_model) on `device`, with the step asked for (default fp32,
+    SGD)."""
     say = progress or quiet
     if trace_path is not None:
         trace = load_trace(trace_path)
     else:
+        from ..errors import ConfigError
         from ..record.recorder import record_model
 
+        if model is None or batch is None:
+            raise ConfigError("give the model and --batch, or --trace")
         say(f"recording {model} (batch {batch}) on {device} first")
-        trace = record_model(model, batch, device=device, progress=say)
+        trace = record_model(model, batch, device=device, progress=say,
+                             precision=precision or "fp32", optimizer=optimizer or "sgd",
+                             seq=seq)
     session = Session(model, batch, trace, device=device, hardware=hardware,
-                      trace_path=trace_path, warmup=warmup, check=check, progress=say)
+                      trace_path=trace_path, warmup=warmup, check=check, progress=say,
+                      precision=precision, optimizer=optimizer, seq=seq)
     result = session.run(policy, memory_bytes, iters=iters, strict=strict, command=command)
     if trace_path is None:
         result["notes"].append("trace recorded by this run (not saved)")

@@ -27,6 +27,15 @@ class ExecutorError(RuntimeError):
 
 _RUNNING_STATS = ("running_mean", "running_var")
 
+# Calls that make tensor constants inside forward: torch.tensor(...) is aten.lift_fresh of a
+# tensor built outside the dispatcher; scalar_tensor and full make scalars from numbers. Their
+# results live only as long as forward's locals, so a recomputation after forward that reads
+# one (torch.where(mask, scores, mask_value)) would find its storage gone: the executor keeps
+# small ones (CONSTANT_MAX_ELEMENTS at most) for the iteration and passes them as they are.
+CONSTANT_FUNCS = ("aten.lift_fresh.default", "aten.lift_fresh_copy.default", "aten.lift.default",
+                  "aten.scalar_tensor.default", "aten.full.default")
+CONSTANT_MAX_ELEMENTS = 4096
+
 
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
@@ -85,6 +94,14 @@ class Recomputation:
     modifiers: dict[int, list[RecordedCall]]
     _written: dict[Any, tuple[tuple[int, str], ...]]
     _storage: Callable[[int], Any]
+    constants: dict[int, torch.Tensor]
+
+    def keep_constant(self, out: Any) -> None:
+        """Keep the small tensors a constant-making call returned (see CONSTANT_FUNCS) for the
+        iteration: recorded calls that read them hold them, not a reference to their storage."""
+        for x in tree_flatten(out)[0]:
+            if isinstance(x, torch.Tensor) and x.numel() <= CONSTANT_MAX_ELEMENTS:
+                self.constants[self._key(x.untyped_storage())] = x
 
     def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, k: int) -> None:
         """A call outside every recomputed chain that writes into a tensor a Recompute
@@ -117,8 +134,11 @@ class Recomputation:
         def spec(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
                 st = x.untyped_storage()
-                return TensorRef(self._key(st), weakref.ref(st), tuple(x.shape), tuple(x.stride()),
-                             int(x.storage_offset()), x.dtype, x.device)
+                key = self._key(st)
+                if key in self.constants:  # kept as it is (a constant made in forward)
+                    return x
+                return TensorRef(key, weakref.ref(st), tuple(x.shape), tuple(x.stride()),
+                                 int(x.storage_offset()), x.dtype, x.device)
             return x
 
         leaves, _ = tree_flatten(out)

@@ -69,8 +69,12 @@ def provenance(device: torch.device, command: str) -> dict[str, Any]:
 
 
 def measure_command(model: str, batch: int, policy: str, memory_bytes: int | None,
-                    hardware: str, trace_path: str | None, output: str | None) -> str:
+                    hardware: str, trace_path: str | None, output: str | None,
+                    step_flags: str = "") -> str:
+    """The `vsim measure` command of a case (`step_flags`: --precision ... where no trace
+    says them)."""
     parts = ["vsim measure", model, "--batch", str(batch), "--policy", policy]
+    parts += step_flags.split()
     if memory_bytes is not None:
         parts += ["--memory", format_size(memory_bytes).replace(" ", "")]
     parts += ["--hw", hardware]

@@ -4,6 +4,7 @@ vsim.runtime.measure for what a case measures."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 import time
@@ -19,7 +20,7 @@ from ..errors import ConfigError
 from ..hardware import load_hardware
 from ..plan import Plan, Retime
 from ..policies import make_policy
-from ..record.zoo import build_model
+from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
 from .opmap import OpMap, map_ops
@@ -76,36 +77,43 @@ def squeezes(plan: Plan) -> bool:
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
-    Built: the zoo model (weights from seed 0), SGD (lr 0.01, momentum 0.9), the synthetic
-    batch; `warmup` plain iterations; a snapshot of weights and optimizer state (every check
-    starts from it); the op map (one iteration under the recorder's structure pass); the
-    reference loss and gradients (deterministic kernels, twice)."""
+    Built: the step the trace recorded (vsim.record.step.training_step with the trace meta's
+    model, batch, precision, optimizer and sequence length; weights from seed 0, synthetic
+    batch), `warmup` plain iterations; a snapshot of weights, optimizer and grad-scaler state
+    (every check starts from it); the op map (one iteration under the recorder's structure
+    pass); the reference loss and gradients (deterministic kernels, twice). `model`, `batch`,
+    `precision`, `optimizer`, `seq`: None takes the trace's; one that differs from the trace's
+    is a ConfigError (vsim.record.step.step_config)."""
 
-    def __init__(self, model: str, batch: int, trace: Trace, *, device: str = "cuda",
-                 hardware: str = "h100-sxm", trace_path: str | None = None, warmup: int = 3,
-                 check: bool = True, progress: Progress | None = None,
-                 opmap: OpMap | None = None) -> None:
+    def __init__(self, model: str | None, batch: int | None, trace: Trace, *,
+                 device: str = "cuda", hardware: str = "h100-sxm",
+                 trace_path: str | None = None, warmup: int = 3, check: bool = True,
+                 progress: Progress | None = None, opmap: OpMap | None = None,
+                 precision: str | None = None, optimizer: str | None = None,
+                 seq: int | None = None) -> None:
         self.say = progress or quiet
+        self.config: StepConfig = step_config(
+            trace.meta, model, batch, precision, optimizer, seq,
+            what=f"the trace {trace_path}" if trace_path else "the trace")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("CUDA is not available here; measure with --device cpu")
         self.gpu = self.device.type == "cuda"
         if self.gpu and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.model_name, self.batch = model, batch
+        self.model_name, self.batch = self.config.model, self.config.batch
         self.trace, self.trace_path = trace, trace_path
         self.hw_name = hardware
         self.hw = load_hardware(hardware)
         self.warmup = warmup
         self.check = check
         self._uncap()
-        self.net, (inputs, target), self.loss_fn = build_model(model, batch, self.device)
-        self.net.train()
+        self.train: TrainingStep = self.config.build(self.device)
+        self.net, self.opt, self.loss_fn = self.train.net, self.train.opt, self.train.loss_fn
         self.params = [p for p in self.net.parameters() if p.requires_grad]
-        self.opt = torch.optim.SGD(self.params, lr=0.01, momentum=0.9)
-        self.args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-        self.target = target
-        self.inputs = (inputs, target)
+        self.args = self.train.args
+        self.target = self.train.target
+        self.inputs = (self.train.inputs, self.train.target)
         self.flat_inputs = [t for t in tree_flatten(self.inputs)[0]
                             if isinstance(t, torch.Tensor)]
         for _ in range(warmup):
@@ -115,7 +123,7 @@ class Session:
         self.rng = (torch.get_rng_state(),
                     torch.cuda.get_rng_state(self.device) if self.gpu else None)
         if opmap is None:
-            self.say(f"{model} (batch {batch}): mapping the trace's ops")
+            self.say(f"{self.model_name} (batch {self.batch}): mapping the trace's ops")
             opmap = map_ops(self.step, self.net, self.opt, self.inputs, self.loss_fn,
                             self.device, trace)
             self.restore()
@@ -132,17 +140,11 @@ class Session:
     # ------------------------------------------------------------ training
 
     def step(self, capture: Callable[[torch.Tensor | None], None] | None = None) -> None:
-        """The recorder's training step (vsim.record.recorder.record_model). `capture` is
-        called with the loss after the forward pass (a plan may free the loss in backward)
-        and with None after the backward pass."""
-        loss = self.loss_fn(self.net(*self.args), self.target)
-        if capture is not None:
-            capture(loss)
-        loss.backward()
-        if capture is not None:
-            capture(None)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        """The recorder's training step (vsim.record.step.TrainingStep: autocast, grad scaler
+        and optimizer as the trace recorded them). `capture` is called with the loss after the
+        forward pass (a plan may free the loss in backward) and with None after the backward
+        pass."""
+        self.train(capture)
 
     def _sync(self) -> None:
         if self.gpu:
@@ -153,12 +155,18 @@ class Session:
         for p in self.params:
             st = self.opt.state.get(p, {})
             out += [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+        scaler = self.train.scaler
+        if scaler is not None:  # fp16: the loss scale and its growth count
+            out += [t for t in (getattr(scaler, "_scale", None),
+                                getattr(scaler, "_growth_tracker", None))
+                    if isinstance(t, torch.Tensor)]
         return out
 
     def restore(self) -> None:
         """Weights, buffers, optimizer state and random generators back to the snapshot; no
         gradients (an iteration stopped by an exception may have left some)."""
         self.opt.zero_grad(set_to_none=True)
+        set_tf32(self.config.precision)
         with torch.no_grad():
             for t, s in zip(self._state(), self.snapshot, strict=True):
                 t.copy_(s)
@@ -356,13 +364,15 @@ class Session:
         notes += case_notes(plan, ex, stats, self.trace)
         if command is None:
             command = measure_command(self.model_name, self.batch, policy, memory_bytes,
-                                      self.hw_name, self.trace_path, None)
+                                      self.hw_name, self.trace_path, None,
+                                      "" if self.trace_path else self.config.flags())
         host_peak = stats.host_peak_bytes if stats is not None else 0
         if plan.pinned_pool_bytes and ex is not None and ex.pool is not None:
             host_peak = max(host_peak, plan.pinned_pool_bytes)
         result: dict[str, Any] = {
             "format": FORMAT, "version": VERSION,
             "model": self.model_name, "batch_size": self.batch, "policy": pol.spec(),
+            "step": dataclasses.asdict(self.config),
             "hardware": self.hw_name, "trace": self.trace_path,
             "memory_bytes": memory_bytes, "capacity_bytes": capacity,
             "fits": fits, "oom": oom,
@@ -413,26 +423,12 @@ class Session:
         if kind == "save_on_cpu":
             def step() -> None:
                 with torch.autograd.graph.save_on_cpu(pin_memory=self.gpu):
-                    loss = self.loss_fn(self.net(*self.args), self.target)
-                loss.backward()
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+                    self.train()
         elif kind == "checkpoint_sequential":
-            from torch.utils.checkpoint import checkpoint
-
-            segs = _segments(_flat_sequential(self.net), segments)
-
-            def run_segment(seg: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-                return checkpoint(seg, x, use_reentrant=False)
-
-            def step() -> None:
-                x = self.args[0]
-                for seg in segs[:-1]:
-                    x = run_segment(seg, x)
-                loss = self.loss_fn(segs[-1](x), self.target)
-                loss.backward()
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+            segmented = dataclasses.replace(
+                self.train, net=_Checkpointed(_segments(_flat_sequential(self.net), segments)),
+                inputs=self.args[0])
+            step = segmented.step
         else:
             raise ConfigError(f"unknown built-in {kind!r}: save_on_cpu or checkpoint_sequential")
         self._clean()
@@ -477,6 +473,21 @@ class Session:
                 "provenance": provenance(self.device, f"python -m vsim.runtime.measure "
                                                       f"(builtin {label})")}
 
+
+
+class _Checkpointed(torch.nn.Module):
+    """The segments in turn, each but the last under torch.utils.checkpoint (non-reentrant)."""
+
+    def __init__(self, segs: list[torch.nn.Sequential]) -> None:
+        super().__init__()
+        self.segs = segs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for seg in self.segs[:-1]:
+            x = checkpoint(seg, x, use_reentrant=False)
+        return self.segs[-1](x)  # type: ignore[no-any-return]
 
 
 def _segments(mods: list[torch.nn.Module], n: int) -> list[torch.nn.Sequential]:

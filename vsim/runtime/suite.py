@@ -55,7 +55,8 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
               progress: Progress | None = None, deadline_s: float | None = None,
               separate_maps: bool = False, profile_last: bool = False,
               isolated: bool = False) -> list[str]:
-    """Measure `cases` ({id, model, batch, trace, policy | builtin, memory, warmup}) in this
+    """Measure `cases` ({id, model, batch, trace, policy | builtin, memory, warmup; precision,
+    optimizer, seq: the step, default the trace's}) in this
     process, one Session per (model, batch, trace), in the order first seen; write
     OUT_DIR/ID.json as each ends. A case that raises is reported (ID.error.txt) and the suite
     goes on. No case starts after `deadline_s` seconds. `separate_maps`: op maps made in
@@ -93,8 +94,11 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
             key = (model, batch, trace_path)
             opmap = (OpMap.from_json(json.loads(maps[key].read_text())) if key in maps
                      else None)
+            first = group[0]  # the step: the trace's, unless the cases name it
             session = Session(model, batch, trace, device=device, hardware=hardware,
-                              trace_path=trace_path, warmup=warmup, progress=say, opmap=opmap)
+                              trace_path=trace_path, warmup=warmup, progress=say, opmap=opmap,
+                              precision=first.get("precision"),
+                              optimizer=first.get("optimizer"), seq=first.get("seq"))
         except Exception as exc:  # noqa: BLE001 - a suite reports and goes on
             for c in group:
                 failed.append(c["id"])

@@ -48,6 +48,8 @@ class Tracker(TorchDispatchMode):
         watch = ex.watch.get(k)
         if watch:
             ex.register(watch, out)
+        if k in ex.constant_calls:
+            ex.keep_constant(out)
         if rec is not None:
             rec.append(ex.spec_call(func, args, kwargs, out, rng, k))
         elif ex.rebuilt_storage:
