@@ -20,7 +20,7 @@ from ..plan import Plan, PlanBuilder, Release, Retime, RunPlan
 from ..trace.schema import Trace
 from .base import Policy
 from .layers import TraceView
-from .planning import Evictions, Usage, algorithm_retimes, apply_releases
+from .planning import Evictions, Usage, algorithm_retimes, anchor_prefetches, apply_releases
 
 
 def check(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int
@@ -137,7 +137,8 @@ class FittedPolicy(Policy):
         view = TraceView(trace)
         algo = str(getattr(self, "algo"))  # noqa: B009  (a field of every subclass)
         return fit_with_notes(run_plan, trace, hw, capacity_bytes, lambda budget, forced:
-                              self.plan_for(Attempt(trace, hw, view, budget, forced, algo)))
+                              anchor_prefetches(view, self.plan_for(
+                                  Attempt(trace, hw, view, budget, forced, algo))))
 
     def plan_for(self, attempt: Attempt) -> Plan:
         raise NotImplementedError

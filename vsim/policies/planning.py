@@ -12,13 +12,14 @@ profiling run of Capuchin or vDNN_dyn: policies.fitted) and tighten their budget
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..hardware import Hardware
-from ..plan import Action, Drop, Offload, Prefetch, Recompute, Release, Retime
+from ..plan import Action, Drop, Offload, Plan, Prefetch, Recompute, Release, Retime
 from ..trace.schema import Trace
 from ..workspace_free import SLOWDOWN_NOTE, memory_optimal_retimes
 from .layers import TraceView
@@ -175,6 +176,38 @@ def place_prefetch(usage: Usage, size: int, earliest: int, need: int, budget: in
     slot = earliest + int(bad[-1]) + 1
     slot += slot & 1
     return min(slot, need)
+
+
+def anchor_prefetches(view: TraceView, plan: Plan) -> Plan:
+    """The plan with every prefetch of an offloaded tensor issued at an op of the offloading
+    op's stream that comes after the offload in trace order. A prefetch hangs on its op's
+    launch, before the op waits for its deps: hung on an op of another stream (a backward
+    convolution on a side stream), it can be issued before the offload has even started, finds
+    the tensor still on the device (or unborn) and does nothing, and the reader then finds it
+    on the host with no prefetch (PlanError). Ops of one stream launch in trace order, so the
+    last op of the offload's stream at or before the chosen one launches after the offload."""
+    offloads = {a.tensor: a for a in plan.actions if isinstance(a, Offload)}
+    if not offloads:
+        return plan
+    by_stream: dict[int, list[int]] = {}
+    for i, o in enumerate(view.ops):
+        by_stream.setdefault(o.stream, []).append(i)
+    changed = False
+    acts: list[Action] = []
+    for act in plan.actions:
+        off = offloads.get(act.tensor) if isinstance(act, Prefetch) else None
+        if isinstance(act, Prefetch) and off is not None:
+            stream = view.op[off.at_op].stream
+            lo = view.pos[off.at_op] + (1 if off.after else 0)
+            at = view.pos[act.at_op]
+            if view.op[act.at_op].stream != stream or at < lo:
+                same = by_stream[stream]
+                k = bisect.bisect_right(same, at) - 1
+                if k >= 0 and same[k] >= lo:
+                    act = Prefetch(act.tensor, view.ops[same[k]].id, act.needed_by)
+                    changed = True
+        acts.append(act)
+    return dataclasses.replace(plan, actions=tuple(acts)) if changed else plan
 
 
 def recompute_chain(view: TraceView, t: int) -> tuple[int, ...]:

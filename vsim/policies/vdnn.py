@@ -37,6 +37,7 @@ from ..workspace_free import memory_optimal_retimes
 from .base import Policy, register
 from .fitted import check
 from .layers import TraceView
+from .planning import anchor_prefetches
 
 
 def offload_sets(view: TraceView, mode: str) -> dict[int, list[int]]:
@@ -145,7 +146,8 @@ class VDNN(Policy):
         actions, notes = vdnn_actions(view, offload_sets(view, mode))
         retimes, rnotes = _retimes_for(trace, hw, memory_layers)
         extra = [note] if note else []
-        return Plan(actions=tuple([*actions, *retimes]), notes=tuple([*notes, *rnotes, *extra]))
+        return anchor_prefetches(view, Plan(actions=tuple([*actions, *retimes]),
+                                            notes=tuple([*notes, *rnotes, *extra])))
 
     def _dyn(self, trace: Trace, hw: Hardware, capacity: int, view: TraceView,
              run_plan: RunPlan) -> Plan:

@@ -22,6 +22,7 @@ from ..policies.planning import (
     Swap,
     Usage,
     alive_in_trace,
+    anchor_prefetches,
     apply_releases,
     chain_inputs,
     host_pool_bytes,
@@ -244,7 +245,8 @@ class Problem:
         pool = host_pool_bytes(view, [Swap(t, self.cands[t].offload_op, self.cands[t].offload_after,
                                            self.cands[t].last_fwd, 0, need[t],
                                            view.ops[issue[t]].id) for t in issue])
-        return Plan(actions=tuple(acts), pinned_pool_bytes=pool, wait_for_memory=g.wait)
+        return anchor_prefetches(view, Plan(actions=tuple(acts), pinned_pool_bytes=pool,
+                                            wait_for_memory=g.wait))
 
     def evaluate(self, g: Genome) -> Outcome:
         hit = self.cache.get(g)
