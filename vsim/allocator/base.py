@@ -21,6 +21,11 @@ class Allocator:
     reserves exactly what it allocates (no segments to report)."""
 
     has_segments = True
+    # A failed request first waits for the blocks the program freed while a copy still used
+    # them (record_stream), then retries: PyTorch's release_cached_blocks synchronizes every
+    # outstanding event of a freed block (synchronize_and_free_events) before it frees the cache
+    # and calls cudaMalloc again. False: out of memory at once (cnmem, a pool).
+    retries_after_pending_frees = False
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes

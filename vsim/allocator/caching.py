@@ -53,6 +53,8 @@ class CachingAllocator(Allocator):
     predictable. Without them (or once they run out) segments get increasing virtual
     addresses, deterministic."""
 
+    retries_after_pending_frees = True
+
     def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
         self.pools: dict[tuple[str, int], BlockPool] = {}
