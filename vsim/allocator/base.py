@@ -57,6 +57,13 @@ class Allocator:
         """The largest request that would succeed now (for out-of-memory reports)."""
         raise NotImplementedError
 
+    def layout(self) -> object:
+        """What of the allocator's state a next iteration depends on, comparable between
+        iterations (addresses relative): equal layouts at the start of two iterations make the
+        two iterations equal. None: the model carries nothing between iterations that changes
+        the next one (no fragmentation builds up), so one steady iteration tells it all."""
+        return None
+
 
 @dataclass(frozen=True)
 class AllocatorSpec:

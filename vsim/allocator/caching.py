@@ -109,6 +109,19 @@ class CachingAllocator(Allocator):
     def free_in_segments_bytes(self) -> int:
         return sum(b.size for p in self.pools.values() for b in p.free.blocks.values())
 
+    def layout(self) -> object:
+        """Segments in address order, each with its blocks (size, free) in address order."""
+        segs = sorted((s for p in self.pools.values() for s in p.segments), key=lambda s: s.addr)
+        out = []
+        for seg in segs:
+            blocks = []
+            b = seg.head
+            while b is not None:
+                blocks.append((b.size, b.free))
+                b = b.next
+            out.append((seg.pool, seg.stream, seg.size, tuple(blocks)))
+        return tuple(out)
+
     def largest_free_bytes(self) -> int:
         cached = max((p.free.largest() for p in self.pools.values()), default=0)
         releasable = sum(s.size for p in self.pools.values() for s in p.segments if s.is_free())

@@ -179,15 +179,32 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                              "cuBLAS workspaces at first use (the steady iteration not run)")
             return out, first
         resident = first.resident_left()
-        if first.fell_back and fallback is not None:  # the engines PyTorch cached stay
-            plan = dataclasses.replace(plan, actions=plan.actions + tuple(
-                fallback[o] for o in first.fell_back))
-    engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
-                    host=host)
-    out = engine.run()
+        plan = _with_fallbacks(plan, first.fell_back, fallback)
+    # Steady iterations until the allocator starts one as it started the one before (the two
+    # are then equal, and so would every later one be), at most as many as a measured run
+    # has: fragmentation that builds up over iterations ends a run in a later iteration.
+    layout = memory.layout() if first_iteration else None
+    ran = 1
+    while True:
+        engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
+                        host=host)
+        out = engine.run()
+        ran += 1
+        if out.oom is not None or layout is None or ran >= RUN_ITERATIONS:
+            break
+        resident_next = engine.resident_left()
+        now = memory.layout()
+        if now == layout:
+            break
+        layout, resident = now, resident_next
+        plan = _with_fallbacks(plan, engine.fell_back, fallback)
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")
+        if ran > 2:
+            out.notes.append(f"iteration {ran} of the run reported: the allocator's segments "
+                             f"changed from one iteration to the next until then"
+                             + (" (out of memory there)" if out.oom is not None else ""))
     fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
                                            if isinstance(a, Retime) and a.note == FALLBACK})
     if fell:
@@ -195,6 +212,19 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                          f"workspace, at the workspace-free algorithm's time (ops "
                          f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
     return out, engine
+
+
+RUN_ITERATIONS = 13  # a measured run's iterations: 3 warm-up, 10 timed (vsim.runtime.measure)
+
+
+def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None
+                    ) -> Plan:
+    """The plan with the workspace-free algorithms PyTorch fell back to (cached for good)."""
+    if not fell_back or fallback is None:
+        return plan
+    done = {a.op for a in plan.actions if isinstance(a, Retime)}
+    return dataclasses.replace(plan, actions=plan.actions + tuple(
+        fallback[o] for o in fell_back if o not in done))
 
 
 def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
