@@ -73,7 +73,7 @@ class Engine:
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
-                 host: HostModel | None = None) -> None:
+                 host: HostModel | None = None, tracked: bool = False) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -114,7 +114,7 @@ class Engine:
         self.executed: list[ExecutedOp] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.clock = None if host is None else HostClock(trace, host)
+        self.clock = None if host is None else HostClock(trace, host, tracked)
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
 
