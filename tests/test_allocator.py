@@ -218,3 +218,25 @@ def test_whole_run_histories_replay_segment_for_segment():
         assert replayed.model_segments == replayed.recorded_segments, f.name
         assert all(rec == mod for rec, mod in replayed.reserved), f.name
         assert all(rec == mod for rec, mod in replayed.allocated), f.name
+
+
+def test_caching_layout_compares_iterations_by_structure_not_address():
+    """The engine runs steady iterations until the allocator starts one as it started the one
+    before (Allocator.layout): the same segments and blocks, wherever the driver put them."""
+    from vsim.allocator.caching import CachingAllocator
+
+    mib = 2**20
+
+    def churn(a):
+        x = a.malloc(30 * mib)
+        y = a.malloc(3 * mib)
+        a.free(x)
+        return y
+
+    a, b = CachingAllocator(1 << 30), CachingAllocator(1 << 30)
+    b.next_addr = 1 << 40
+    churn(a), churn(b)
+    assert a.layout() == b.layout()
+    a.malloc(12 * mib)  # takes part of the freed 30 MiB segment: another layout
+    assert a.layout() != b.layout()
+    assert make_allocator("exact").build(1 << 30).layout() is None

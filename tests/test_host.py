@@ -50,3 +50,22 @@ def test_the_shipped_h100_probe_loads() -> None:
     # mapping pages of an expandable segment costs more per MiB than a cudaMalloc (the probe)
     assert m.allocator.expandable_map.us(1 << 30) > m.allocator.cuda_malloc.us(1 << 30)
     assert load_host_model("no-such-gpu") is None
+
+
+def test_the_executors_tracker_adds_its_cost_per_op_on_top_of_the_bounded_issue(
+        tmp_path: Path) -> None:
+    """vsim's executor runs a plan under its op tracker: HostClock(tracked=True) adds
+    executor.tracker_us_per_op per op, cumulatively, on top of the issue times bounded by the
+    recording (ops recorded at 0, 1, 2, 3 us, each costing 10 us of host: issued at 0..3)."""
+    from vsim.engine.hostclock import HostClock
+
+    f = tmp_path / "m.yaml"
+    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\nexecutor: {tracker_us_per_op: 5.0}\n")
+    m = read_host_model(f)
+    assert m.tracker_us_per_op == 5.0
+    trace = Trace(meta={"source": "measured"}, tensors=(),
+                  ops=tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
+    assert [HostClock(trace, m).ready_us(i) for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    assert [HostClock(trace, m, tracked=True).ready_us(i) for i in range(4)] == \
+        [5.0, 11.0, 17.0, 23.0]
+    assert load_host_model("h100-sxm").tracker_us_per_op > 0  # type: ignore[union-attr]

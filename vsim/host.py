@@ -57,6 +57,10 @@ class HostModel:
     by_phase: dict[str, float]
     per_weight_us: float
     allocator: AllocatorCosts | None = None
+    # vsim's own executor (vsim.runtime) runs a plan with actions under a Python dispatch mode
+    # that sees every aten call (the Tracker): host time per trace op on top of PyTorch's, from
+    # the `*-tracked` runs (validation/host/fit_tracker.py). 0: not probed.
+    tracker_us_per_op: float = 0.0
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def op_us(self, op: Op) -> float:
@@ -117,6 +121,11 @@ def read_host_model(path: Path) -> HostModel:
         allocator = AllocatorCosts(linear("cuda_malloc"), linear("cuda_free"),
                                    linear("expandable_map"), linear("expandable_unmap"),
                                    us(alloc.get("device_sync_us", 0.0), "allocator.device_sync_us"))
+    executor = doc.get("executor") or {}
+    if not isinstance(executor, dict):
+        raise HardwareError(f"{path}: executor must be a mapping")
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
-                     allocator=allocator, provenance=dict(doc.get("provenance") or {}))
+                     allocator=allocator, provenance=dict(doc.get("provenance") or {}),
+                     tracker_us_per_op=us(executor.get("tracker_us_per_op", 0.0),
+                                          "executor.tracker_us_per_op"))

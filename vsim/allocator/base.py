@@ -21,6 +21,11 @@ class Allocator:
     reserves exactly what it allocates (no segments to report)."""
 
     has_segments = True
+    # A failed request first waits for the blocks the program freed while a copy still used
+    # them (record_stream), then retries: PyTorch's release_cached_blocks synchronizes every
+    # outstanding event of a freed block (synchronize_and_free_events) before it frees the cache
+    # and calls cudaMalloc again. False: out of memory at once (cnmem, a pool).
+    retries_after_pending_frees = False
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -51,6 +56,13 @@ class Allocator:
     def largest_free_bytes(self) -> int:
         """The largest request that would succeed now (for out-of-memory reports)."""
         raise NotImplementedError
+
+    def layout(self) -> object:
+        """What of the allocator's state a next iteration depends on, comparable between
+        iterations (addresses relative): equal layouts at the start of two iterations make the
+        two iterations equal. None: the model carries nothing between iterations that changes
+        the next one (no fragmentation builds up), so one steady iteration tells it all."""
+        return None
 
 
 @dataclass(frozen=True)

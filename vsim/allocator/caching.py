@@ -53,6 +53,8 @@ class CachingAllocator(Allocator):
     predictable. Without them (or once they run out) segments get increasing virtual
     addresses, deterministic."""
 
+    retries_after_pending_frees = True
+
     def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
         self.pools: dict[tuple[str, int], BlockPool] = {}
@@ -106,6 +108,19 @@ class CachingAllocator(Allocator):
 
     def free_in_segments_bytes(self) -> int:
         return sum(b.size for p in self.pools.values() for b in p.free.blocks.values())
+
+    def layout(self) -> object:
+        """Segments in address order, each with its blocks (size, free) in address order."""
+        segs = sorted((s for p in self.pools.values() for s in p.segments), key=lambda s: s.addr)
+        out = []
+        for seg in segs:
+            blocks = []
+            b = seg.head
+            while b is not None:
+                blocks.append((b.size, b.free))
+                b = b.next
+            out.append((seg.pool, seg.stream, seg.size, tuple(blocks)))
+        return tuple(out)
 
     def largest_free_bytes(self) -> int:
         cached = max((p.free.largest() for p in self.pools.values()), default=0)

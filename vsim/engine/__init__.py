@@ -90,7 +90,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
-             label: str = "plan") -> SimResult:
+             tracked: bool | None = None, label: str = "plan") -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -113,6 +113,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
     calls (vsim.engine.hostclock), from the host model probed on `hw`'s machine
     (hardware/host/NAME.yaml). Default: on for a PyTorch trace (meta.torch) when `hw` has a
     host model; off otherwise (the recorded launch gaps alone).
+
+    `tracked`: with host time, the run is vsim's executor (vsim measure), whose op tracker costs
+    host time per op (HostModel.tracker_us_per_op). Default: when the plan has actions, as the
+    executor runs the tracker only then.
     """
     capacity = _capacity(hw, capacity_bytes)
     memory = allocator.build(capacity)
@@ -124,7 +128,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
     host = None
     if host_time or (host_time is None and trace.meta.get("torch")):
         host = load_host_model(hw.name)
-    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host)
+    if tracked is None:
+        tracked = bool(plan.actions)
+    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host, tracked)
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
     return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)
 
@@ -166,28 +172,46 @@ class _WorkspaceFree(Mapping[int, Retime]):
 
 def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                 first_iteration: bool, fallback: Mapping[int, Retime] | None,
-                host: HostModel | None = None) -> tuple[EngineOutput, Engine]:
+                host: HostModel | None = None, tracked: bool = False
+                ) -> tuple[EngineOutput, Engine]:
     """The reported iteration, after the first one when `first_iteration` (see run_plan), and
     the engine that ran it."""
     resident = None
     if first_iteration:
         first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
-                       fallback=fallback, host=host)
+                       fallback=fallback, host=host, tracked=tracked)
         out = first.run()
         if out.oom is not None:
             out.notes.append("out of memory in the first iteration, which creates momentum and "
                              "cuBLAS workspaces at first use (the steady iteration not run)")
             return out, first
         resident = first.resident_left()
-        if first.fell_back and fallback is not None:  # the engines PyTorch cached stay
-            plan = dataclasses.replace(plan, actions=plan.actions + tuple(
-                fallback[o] for o in first.fell_back))
-    engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
-                    host=host)
-    out = engine.run()
+        plan = _with_fallbacks(plan, first.fell_back, fallback)
+    # Steady iterations until the allocator starts one as it started the one before (the two
+    # are then equal, and so would every later one be), at most as many as a measured run
+    # has: fragmentation that builds up over iterations ends a run in a later iteration.
+    layout = memory.layout() if first_iteration else None
+    ran = 1
+    while True:
+        engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
+                        host=host, tracked=tracked)
+        out = engine.run()
+        ran += 1
+        if out.oom is not None or layout is None or ran >= RUN_ITERATIONS:
+            break
+        resident_next = engine.resident_left()
+        now = memory.layout()
+        if now == layout:
+            break
+        layout, resident = now, resident_next
+        plan = _with_fallbacks(plan, engine.fell_back, fallback)
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")
+        if ran > 2:
+            out.notes.append(f"iteration {ran} of the run reported: the allocator's segments "
+                             f"changed from one iteration to the next until then"
+                             + (" (out of memory there)" if out.oom is not None else ""))
     fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
                                            if isinstance(a, Retime) and a.note == FALLBACK})
     if fell:
@@ -195,6 +219,19 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                          f"workspace, at the workspace-free algorithm's time (ops "
                          f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
     return out, engine
+
+
+RUN_ITERATIONS = 13  # a measured run's iterations: 3 warm-up, 10 timed (vsim.runtime.measure)
+
+
+def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None
+                    ) -> Plan:
+    """The plan with the workspace-free algorithms PyTorch fell back to (cached for good)."""
+    if not fell_back or fallback is None:
+        return plan
+    done = {a.op for a in plan.actions if isinstance(a, Retime)}
+    return dataclasses.replace(plan, actions=plan.actions + tuple(
+        fallback[o] for o in fell_back if o not in done))
 
 
 def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:

@@ -10,6 +10,10 @@ and a device-wide synchronize (an allocation retry), after which the host has no
 Hidden while the host is ahead of the GPU, they show where it is not: host-bound models, and
 after every sync. A synthesized trace has no recorded start to bound it: its issue times are the
 model's alone.
+
+Tracked (`tracked=True`): the run is vsim's executor carrying out a plan, whose dispatch mode
+costs `model.tracker_us_per_op` of host time per op (validation/host/README.md); that cost
+accumulates on top of the bounded issue times, hidden while the host's lead lasts.
 """
 
 from __future__ import annotations
@@ -19,17 +23,18 @@ from ..trace.schema import Op, Trace
 
 
 class HostClock:
-    def __init__(self, trace: Trace, model: HostModel) -> None:
+    def __init__(self, trace: Trace, model: HostModel, tracked: bool = False) -> None:
         self.model = model
         self.alloc = model.allocator
         bounded = trace.meta.get("source") == "measured"
         self.issue: dict[int, float] = {}
         clock = 0.0
-        for op in trace.ops:
+        per_op = model.tracker_us_per_op if tracked else 0.0
+        for i, op in enumerate(trace.ops):
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            self.issue[op.id] = clock
+            self.issue[op.id] = clock + per_op * (i + 1)
         self.extra_us = 0.0  # host time the plan added so far
 
     def ready_us(self, op: int) -> float:

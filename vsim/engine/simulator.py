@@ -73,7 +73,7 @@ class Engine:
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
-                 host: HostModel | None = None) -> None:
+                 host: HostModel | None = None, tracked: bool = False) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -114,7 +114,7 @@ class Engine:
         self.executed: list[ExecutedOp] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.clock = None if host is None else HostClock(trace, host)
+        self.clock = None if host is None else HostClock(trace, host, tracked)
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
 
@@ -267,6 +267,7 @@ class Engine:
         wait_for_memory = self.plan.wait_for_memory
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         clock, driver_calls = self.clock, self.allocator.driver_calls
+        retries = self.allocator.retries_after_pending_frees
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -319,8 +320,16 @@ class Engine:
                 acted = acted or oid in retime  # or it fell back
             else:
                 now = env.now
-                for t in op.writes:
+                for i, t in enumerate(op.writes):
                     if not allocate(t, size[t], now, oid):
+                        if retries and transfers.releasing_memory():
+                            # the allocator waits for blocks freed while a copy ran
+                            for t2 in op.writes[i:]:
+                                if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
+                                    return
+                            stall += env.now - wait_start
+                            acted = True
+                            break
                         if not self._fall_back(t, oid):
                             self._out_of_memory(t, oid)
                             return
@@ -403,11 +412,18 @@ class Engine:
             if not pending:
                 break
             yield self.env.any_of(pending)
-        if self.memory.allocate(tensor, size, self.env.now, op, state) or \
-                (fall_back and self._fall_back(tensor, op)):
-            return True
-        self._out_of_memory(tensor, op)
-        return False
+        while not self.memory.allocate(tensor, size, self.env.now, op, state):
+            # PyTorch's allocator, before it gives up, waits for every block freed while its
+            # copy ran (record_stream) and retries (Allocator.retries_after_pending_frees).
+            pending = self.transfers.releasing_memory() \
+                if self.allocator.retries_after_pending_frees else []
+            if not pending:
+                if fall_back and self._fall_back(tensor, op):
+                    return True
+                self._out_of_memory(tensor, op)
+                return False
+            yield self.env.all_of(pending)
+        return True
 
     def _duration(self, op: Op) -> float:
         retime = self.retime.get(op.id)

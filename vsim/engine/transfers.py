@@ -148,7 +148,13 @@ class Transfers:
         self._released[t] = self.env.event()
         release_after = off.release_after if off.release_after is not None else off.at_op
         self._release_op[t] = release_after
-        self._releasing[release_after].append(t)
+        if release_after in self.finished:
+            # Issued after its release op ended (Offload(after=True) released by its own op,
+            # as Layrub's are): the program frees it now, as the executor does at the op's end
+            # (memory_allocated drops); the block comes back when the copy ends.
+            self.memory.request_free(t, self.env.now, release_after)
+        else:
+            self._releasing[release_after].append(t)
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._copied_out[t])
