@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from netbuilder import torch_net
 
 from vsim.allocator import make_allocator
 from vsim.engine import simulate
@@ -29,3 +32,63 @@ def test_prefetch_on_a_side_stream_is_anchored(spec: str, memory: str) -> None:
     report = simulate(trace, hw, make_policy(spec), make_allocator("caching"),
                       parse_size(memory)).report
     assert report["iteration_time_us"] > 0
+
+
+# ---------------------------------------------------------------- random networks
+
+M = 10**6
+HW = load_hardware("h100-sxm")
+CACHING = make_allocator("caching")
+
+
+@st.composite
+def networks(draw):
+    """Random chains with PyTorch's semantics (tests/netbuilder.py), 2..10 layers."""
+    layers = []
+    for _ in range(draw(st.integers(2, 10))):
+        ty = draw(st.sampled_from(["conv", "conv", "pool", "fc"]))
+        layers.append((ty, draw(st.integers(1, 50)) * M))
+        if ty != "pool" and draw(st.booleans()):
+            layers.append(("relu", 0))
+    layers.append(("loss", 0))
+    us = {ty: float(draw(st.integers(100, 5_000))) for ty in ("conv", "fc", "pool", "relu", "loss")}
+    return torch_net(layers, draw(st.integers(1, 50)) * M, fwd_us=us,
+                     weight_bytes=draw(st.integers(0, 5)) * M,
+                     workspace_bytes=draw(st.integers(0, 20)) * M)
+
+
+def _run(net, spec: str, cap: int) -> dict:
+    return simulate(net, HW, make_policy(spec), CACHING, cap).report
+
+
+def _peak(net) -> int:
+    return int(_run(net, "none", 10**12)["peak_reserved_bytes"])
+
+
+@settings(max_examples=20, deadline=None)
+@given(net=networks(), frac=st.floats(0.3, 1.0))
+def test_optimal_fits_whenever_sqrt_or_every_k_fits_and_is_no_slower(net, frac):
+    cap = max(1, int(_peak(net) * frac))
+    resident = sum(t.size_bytes for t in net.tensors if t.producer is None)
+    assume(cap > resident)
+    opt = _run(net, "recompute", cap)
+    for spec in ["recompute:strategy=sqrt", *(f"recompute:strategy=every-k,k={k}"
+                                              for k in range(1, 6))]:
+        other = _run(net, spec, cap)
+        if other["fits"]:
+            assert opt["fits"], spec
+            assert opt["iteration_time_us"] <= other["iteration_time_us"] * (1 + 1e-9), spec
+
+
+@settings(max_examples=10, deadline=None)
+@given(net=networks(), lo=st.floats(0.3, 0.9), spec=st.sampled_from(["recompute"]))
+def test_capacity_aware_policies_fit_when_they_fit_with_less(net, lo, spec):
+    """Monotone in capacity: a policy that fits at some capacity fits at a larger one.
+    Only recompute (optimal) so far: superneurons was found to fit at 0.5 of a random net's
+    peak and not at 0.6 (issue 14, still open for the other capacity-aware policies)."""
+    peak = _peak(net)
+    small, large = max(1, int(peak * lo)), max(1, int(peak * min(1.0, lo + 0.1)))
+    resident = sum(t.size_bytes for t in net.tensors if t.producer is None)
+    assume(small > resident)
+    if _run(net, spec, small)["fits"]:
+        assert _run(net, spec, large)["fits"]

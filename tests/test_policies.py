@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from netbuilder import torch_net
 
 from vsim.allocator import make_allocator
-from vsim.engine import run_plan, simulate
+from vsim.engine import planning_runner, run_plan, simulate
 from vsim.errors import PolicyError
 from vsim.hardware import load_hardware
 from vsim.plan import (
@@ -61,7 +61,8 @@ EXACT = make_allocator("exact")
 
 
 def plan(spec, capacity=AMPLE, trace=NET):
-    return make_policy(spec).plan(trace, HW, capacity)
+    """The plan as `run` makes it: profiling runs judged on the exact allocator."""
+    return make_policy(spec).plan_with(trace, HW, capacity, planning_runner(EXACT))
 
 
 def run(spec, capacity, trace=NET):
@@ -497,5 +498,5 @@ def test_profiling_run_downgrades_the_convolution_whose_workspace_it_could_not_a
     def build(budget, forced):
         return Plan(actions=tuple(Retime(o, 1.0, 0) for o in sorted(forced)))
 
-    p, notes = fit_by_profiling(run_plan, WIDE, HW, 1800 * M, build)
+    p, notes = fit_by_profiling(planning_runner(EXACT), WIDE, HW, 1800 * M, build)
     assert p.actions == (Retime(2, 1.0, 0), Retime(5, 1.0, 0)) and notes == []

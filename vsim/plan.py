@@ -153,9 +153,11 @@ class Plan:
 
 class RunPlan(Protocol):
     """vsim.engine.run_plan's signature: one simulated iteration of a plan. Policies that check
-    their plan by a profiling run are given one (they never import the engine)."""
+    their plan by a profiling run are given one (they never import the engine). Allocator None:
+    the allocator (and first iteration, workspace fallback) of the run the plan is made for
+    (engine.planning_runner), or PyTorch's caching allocator outside a run."""
 
-    def __call__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
+    def __call__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
                  capacity_bytes: int | None = None) -> Any: ...
 
 

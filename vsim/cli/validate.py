@@ -182,6 +182,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
              t["sim_over_measured"])]
     for name, value, target in rows:
         print(f"{name:36} {value:>14}  {('target ' + target) if target else ''}")
+    print(f"planning time per policy (CPU s; target {t['planning_s']}):")
+    for case, res in result["planning"].items():
+        cells = ", ".join(f"{spec.split(',algo')[0]} {r['seconds']:.2f}"
+                          + ("" if r["fits"] else " (oom)")
+                          for spec, r in res["policies"].items())
+        print(f"  {case} ({res['ops']} ops): {cells}")
     print(f"machine: {result['machine']}")
     return 0
 

@@ -17,18 +17,19 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import metrics
+from ..allocator import make_allocator
 from ..allocator.base import Allocator, AllocatorSpec
 from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..host import HostModel, load_host_model
-from ..plan import Plan, Planner, Retime
+from ..plan import Plan, Planner, Retime, RunPlan
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
-__all__ = ["PlanError", "SimResult", "run_plan", "simulate"]
+__all__ = ["PlanError", "SimResult", "planning_runner", "run_plan", "simulate"]
 
 
 class SimResult:
@@ -81,13 +82,35 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
     at hand for its profiling runs."""
     capacity = _capacity(hw, capacity_bytes)
-    plan = policy.plan_with(trace, hw, capacity, run_plan)
+    plan = policy.plan_with(trace, hw, capacity, planning_runner(
+        allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
+        host_time=host_time))
     return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
                     workspace_fallback=workspace_fallback, host_time=host_time,
                     label=policy.spec())
 
 
-def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
+def planning_runner(run_allocator: AllocatorSpec, *, first_iteration: bool | None = None,
+                    workspace_fallback: bool | None = None, host_time: bool | None = None
+                    ) -> RunPlan:
+    """The run_plan a policy plans with for a run on `run_allocator` (with these options): called
+    with allocator None, as the policies' profiling runs call it, it runs the plan as the run
+    itself will, so that a plan judged to fit fits the run (issue 14: the caching allocator's
+    rounding, the first iteration and the workspace fallback decide what fits); called with an
+    allocator, it is run_plan."""
+
+    def runner(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
+               capacity_bytes: int | None = None) -> SimResult:
+        if allocator is not None:
+            return run_plan(trace, hw, plan, allocator, capacity_bytes)
+        return run_plan(trace, hw, plan, run_allocator, capacity_bytes,
+                        first_iteration=first_iteration, workspace_fallback=workspace_fallback,
+                        host_time=host_time)
+
+    return runner
+
+
+def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
              capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              tracked: bool | None = None, label: str = "plan") -> SimResult:
@@ -119,6 +142,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
     executor runs the tracker only then.
     """
     capacity = _capacity(hw, capacity_bytes)
+    if allocator is None:  # a profiling run outside a simulation: PyTorch's (vsim run's default)
+        allocator = make_allocator("caching")
     memory = allocator.build(capacity)
     if first_iteration is None:
         first_iteration = allocator.pytorch_runtime

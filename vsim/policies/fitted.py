@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..allocator import make_allocator
 from ..hardware import Hardware
 from ..plan import Plan, PlanBuilder, Release, Retime, RunPlan
 from ..trace.schema import Trace
@@ -25,29 +24,66 @@ from .planning import Evictions, Usage, algorithm_retimes, anchor_prefetches, ap
 
 def check(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int
           ) -> dict[str, Any]:
-    """One simulated iteration of `plan` with the exact allocator (a profiling run): the
-    report of `run_plan` (vsim.engine.run_plan)."""
-    report: dict[str, Any] = run_plan(trace, hw, plan, make_allocator("exact"),
-                                      capacity_bytes).report
+    """One simulated iteration of `plan` as the run it is planned for will simulate it (a
+    profiling run): `run_plan` with allocator None, which engine.planning_runner runs on the
+    run's own allocator, first iteration and workspace fallback (PyTorch's caching allocator
+    outside a simulation). Judged so, a plan found to fit fits the run (issue 14)."""
+    report: dict[str, Any] = run_plan(trace, hw, plan, None, capacity_bytes).report
     return report
 
 
-def fit_with_notes(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int,
-                   build: PlanBuilder) -> Plan:
+class Judge:
+    """`check`, memoised by plan: a planner that weighs several candidate plans (recompute
+    optimal, the escalation below) runs each distinct plan once."""
+
+    def __init__(self, run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int
+                 ) -> None:
+        self.run_plan, self.trace, self.hw, self.capacity = run_plan, trace, hw, capacity_bytes
+        self._seen: dict[Plan, dict[str, Any]] = {}
+        self.runs = 0
+
+    def __call__(self, plan: Plan) -> dict[str, Any]:
+        key = dataclasses.replace(plan, notes=())
+        if key not in self._seen:
+            self.runs += 1
+            self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
+        return self._seen[key]
+
+    def time_if_fits(self, plan: Plan) -> float | None:
+        r = self(plan)
+        return float(r["iteration_time_us"]) if r["fits"] else None
+
+
+def fit_with_notes(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
+                   build: PlanBuilder, tries: int = 8, escalate: bool = True) -> Plan:
     """fit_by_profiling's plan with the profiling notes after the plan's own."""
-    plan, notes = fit_by_profiling(run_plan, trace, hw, capacity_bytes, build)
+    plan, notes = fit_by_profiling(run_plan, trace, hw, capacity_bytes, build, tries, escalate)
     return dataclasses.replace(plan, notes=(*plan.notes, *notes))
 
 
-def fit_by_profiling(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int,
-                     build: PlanBuilder, tries: int = 8) -> tuple[Plan, list[str]]:
+ESCALATION_STEPS = 7
+"""Bisection steps over the budget when the profiling loop finds no plan that fits."""
+
+
+def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
+                     build: PlanBuilder, tries: int = 8, escalate: bool = True
+                     ) -> tuple[Plan, list[str]]:
     """Plan for a budget, run it once, and when the run does not fit, plan again: if what could
     not be allocated is a convolution's workspace, or the run stopped at a convolution that
     would allocate one, with that convolution also run without workspace (`build`'s second
     argument: the ops to downgrade, which a policy honours under algo=auto, as cuDNN frameworks
     fall back when a workspace allocation fails); otherwise for a budget lowered by what the
     failed request lacked (at least 1% of the capacity).
-    Deterministic. Returns the first plan that fits, or the first one tried, with notes."""
+
+    When `tries` such runs find nothing that fits, escalate: the policy's plan for budget 0 (as
+    much eviction as its own rules allow); if even that does not fit, the policy cannot fit by
+    its own rules and the first plan is returned with a note saying so (`escalate` False: no
+    escalation, the first plan with a note); otherwise a bisection
+    over the budget between 0 and the last budget tried (a lower budget evicts more) returns
+    the plan for the highest budget found to fit. Every run is judged as the run the plan is
+    for will be (`check`). Deterministic. Returns the plan and notes."""
+    judge = run_plan if isinstance(run_plan, Judge) else \
+        Judge(run_plan, trace, hw, capacity_bytes)
     budget = capacity_bytes
     forced: frozenset[int] = frozenset()
     first = plan = build(budget, forced)
@@ -55,7 +91,7 @@ def fit_by_profiling(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_byt
     ops = {o.id: o for o in trace.ops}
     i = 0
     for i in range(tries):
-        report = check(run_plan, trace, hw, plan, capacity_bytes)
+        report = judge(plan)
         if report["fits"]:
             if budget < capacity_bytes:
                 return plan, [f"planned for {budget} B after {i} profiling run(s) did not fit"]
@@ -64,7 +100,8 @@ def fit_by_profiling(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_byt
         assert isinstance(oom, dict)
         failed = tensors.get(int(oom["tensor"]))
         at = oom["op"]
-        at_ws = at is not None and any(tensors[t].kind == "workspace" for t in ops[int(at)].writes)
+        at_ws = at is not None and int(at) in ops \
+            and any(tensors[t].kind == "workspace" for t in ops[int(at)].writes)
         if failed is not None and failed.kind == "workspace" and failed.producer is not None \
                 and failed.producer not in forced:
             forced = forced | {failed.producer}
@@ -76,8 +113,27 @@ def fit_by_profiling(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_byt
             if budget <= 0:
                 break
         plan = build(budget, forced)
-    return first, [f"no plan found that fits {capacity_bytes} B in {i + 1} profiling run(s); "
-                   f"this is the plan for the full capacity"]
+    runs = judge.runs
+    if not escalate:
+        return first, [f"no plan found that fits {capacity_bytes} B in {runs} profiling run(s)"]
+    # Escalation: the most eviction the policy's rules allow, then bisection over the budget.
+    most = build(0, forced)
+    if not judge(most)["fits"]:
+        return first, [f"cannot fit {capacity_bytes} B by its own rules: even its plan with the "
+                       f"most eviction (planned for 0 B) runs out of memory ({judge.runs} "
+                       f"profiling run(s)); this is the plan for the full capacity"]
+    lo, hi, best = 0, max(1, min(budget, capacity_bytes)), most
+    for _ in range(ESCALATION_STEPS):
+        mid = (lo + hi) // 2
+        if mid <= lo:
+            break
+        p = build(mid, forced)
+        if judge(p)["fits"]:
+            lo, best = mid, p
+        else:
+            hi = mid
+    return best, [f"planned for {lo} B (more eviction) after {runs} profiling run(s) did not "
+                  f"fit, by bisection over the budget ({judge.runs} run(s) in all)"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +151,12 @@ class Attempt:
 
     @cached_property
     def _algorithms(self) -> tuple[list[Retime], list[str]]:
-        return algorithm_retimes(self.trace, self.hw, self.view, self.algo, self.budget,
-                                 self.forced)
+        key = ("algorithms", self.hw.name, self.algo, self.budget, self.forced)
+        if key not in self.view.memo:
+            self.view.memo[key] = algorithm_retimes(self.trace, self.hw, self.view, self.algo,
+                                                    self.budget, self.forced)
+        out: tuple[list[Retime], list[str]] = self.view.memo[key]
+        return out
 
     @property
     def retimes(self) -> list[Retime]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from ..trace.schema import Op, Tensor, Trace
 
@@ -47,6 +48,9 @@ class TraceView:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
+        # Results of planning steps that depend only on the trace and their arguments, shared
+        # by a policy's attempts (fitted.Attempt: the convolutions' algorithms per budget).
+        self.memo: dict[Any, Any] = {}
         self.ops: tuple[Op, ...] = trace.ops
         self.op: dict[int, Op] = {o.id: o for o in trace.ops}
         self.pos: dict[int, int] = {o.id: i for i, o in enumerate(trace.ops)}

@@ -34,20 +34,50 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import Action, Drop, Plan, Retime
+from ..hardware import Hardware
+from ..plan import Action, Drop, Plan, PlanBuilder, Retime, RunPlan
 from ..plan import Recompute as RecomputeAction
 from ..spec import choice
+from ..trace.schema import Trace
 from ..units import format_size
 from .base import register
-from .fitted import Attempt, FittedPolicy
+from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, chain_inputs, rebuild_chain
+from .planning import Usage, alive_in_trace, anchor_prefetches, chain_inputs, rebuild_chain
+
+GRID_CUTS = 240
+"""Most cut points the DP considers."""
+
+FRONT_POINTS = 24
+"""Most points the DP keeps per cut (its Pareto front of checkpoint bytes against time)."""
+
+
+def thin(front: list[tuple[int, float, int, int]], most: int
+         ) -> list[tuple[int, float, int, int]]:
+    """At most `most` points of a Pareto front sorted by bytes (time falling): the fewest-bytes
+    point, then per equal slice of the bytes range the fastest point in it. Unthinned, the
+    fronts of a densely connected network (DenseNet-121: every layer's maps read by all later
+    ones of its block) grew to thousands of points and the DP ran for minutes; with the
+    slices, it is near-linear in the cuts, and the engine then judges its plan among the
+    every-k ones (Checkpointing.plan_with)."""
+    if len(front) <= most:
+        return front
+    lo, hi = front[0][0], front[-1][0]
+    width = max(1, (hi - lo) // (most - 1) + 1)
+    out = [front[0]]
+    for p in front[1:]:
+        if (p[0] - lo) // width == (out[-1][0] - lo) // width and len(out) > 1:
+            out[-1] = p  # the same slice: the later point is faster
+        else:
+            out.append(p)
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,16 +143,18 @@ class Segmenter:
 
     @property
     def max_len(self) -> int:
-        """Longest segment the DP considers, in grid steps: max(16, 3 ceil(sqrt(units))), three
-        times the sqrt schedule's, which keeps the DP near n^1.5 on networks of hundreds of
-        layers."""
-        return max(16, 3 * math.ceil(math.sqrt(len(self.grid))))
+        """Longest segment the DP considers, in grid steps: max(12, 2 ceil(sqrt(units))), twice
+        the sqrt schedule's, which keeps the DP near n^1.5 on networks of hundreds of layers
+        (three times, DenseNet-121's DP took 6 s; the engine judges its plan against every-k's
+        anyway)."""
+        return max(12, 2 * math.ceil(math.sqrt(len(self.grid))))
 
     @property
     def grid(self) -> list[int]:
-        """Where the DP may cut: after every layer, or, beyond 400 layers, after every g-th
-        with g = ceil(n / 400) (a coarser optimum, so that ResNet-1001 plans in seconds)."""
-        g = max(1, math.ceil(self.n / 400))
+        """Where the DP may cut: after every layer, or, beyond GRID_CUTS layers, after every
+        g-th with g = ceil(n / GRID_CUTS) (a coarser optimum, so that ResNet-1001 plans in
+        seconds)."""
+        g = max(1, math.ceil(self.n / GRID_CUTS))
         return [*range(g, self.n, g), self.n]
 
     def layers(self, a: int, b: int) -> range:
@@ -276,7 +308,7 @@ class Segmenter:
             for o in options:
                 if not front or o[1] < front[-1][1]:
                     front.append(o)
-            fronts[b] = front
+            fronts[b] = thin(front, FRONT_POINTS)
         if not fronts[n]:
             return None
         best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
@@ -300,6 +332,23 @@ class Segmenter:
         return u.bytes
 
 
+def recompute_us(view: TraceView, plan: Plan) -> float:
+    """The recorded time of the ops a plan recomputes."""
+    return sum(view.op[o].dur_us for a in plan.actions if isinstance(a, RecomputeAction)
+               for o in a.ops)
+
+
+def every_k_range(n: int) -> list[int]:
+    """The k that optimal tries every-k at: every k up to 16, then about 1.5 times apart, up
+    to n (one segment)."""
+    ks = list(range(1, min(n, 16) + 1))
+    k = 16
+    while k < n:
+        k = min(n, max(k + 1, round(k * 1.5)))
+        ks.append(k)
+    return ks
+
+
 @register
 @dataclass(frozen=True)
 class Checkpointing(FittedPolicy):
@@ -319,6 +368,75 @@ class Checkpointing(FittedPolicy):
 
     def plan_for(self, a: Attempt) -> Plan:
         return self._optimal(a) if self.strategy == "optimal" else self._every(a)
+
+    def plan_with(self, trace: Trace, hw: Hardware, capacity_bytes: int,
+                  run_plan: RunPlan) -> Plan:
+        """every-k and sqrt: the FittedPolicy loop. optimal: the engine is the judge. The DP's
+        plan, sqrt's and every-k's for a range of k (every k up to 16 layers, then a geometric
+        range) are each planned for the full capacity and run once as the run will be
+        (fitted.check: the run's allocator, first iteration, workspace fallback); the fastest
+        that fits wins. Those that do not fit go through their own profiling loop (workspaces
+        downgraded, lower budgets), judged the same way and memoised (every-k's plan depends
+        on the budget only through the workspaces, so most of those runs are repeats). When
+        none fits, the DP's plan escalates (fitted.fit_by_profiling). So optimal fits whenever
+        one of its candidates fits, and is never slower than the fastest that does."""
+        if self.strategy != "optimal":
+            return super().plan_with(trace, hw, capacity_bytes, run_plan)
+        view = TraceView(trace)
+        judge = Judge(run_plan, trace, hw, capacity_bytes)
+
+        def builder(pol: Checkpointing) -> PlanBuilder:
+            return lambda budget, forced: anchor_prefetches(view, pol.plan_for(
+                Attempt(trace, hw, view, budget, forced, self.algo)))
+
+        # Nothing recomputed is the fastest plan there is: when it fits, it is the answer.
+        keep = anchor_prefetches(view, dataclasses.replace(self, strategy="every-k", k=1)
+                                 .plan_for(Attempt(trace, hw, view, capacity_bytes, frozenset(),
+                                                   self.algo)))
+        if recompute_us(view, keep) == 0 and judge.time_if_fits(keep) is not None:
+            return dataclasses.replace(keep, notes=(
+                *keep.notes, "recompute optimal: nothing needs recomputing (the plan without "
+                "recomputation fits as run)"))
+        n = Segmenter(view).n
+        cands: list[tuple[str, PlanBuilder]] = [("the DP's segmentation", builder(self))]
+        cands.append(("sqrt", builder(dataclasses.replace(self, strategy="sqrt"))))
+        cands += [(f"every-k k={k}", builder(dataclasses.replace(self, strategy="every-k", k=k)))
+                  for k in every_k_range(n)]
+        # Candidates in order of their recomputation time; a candidate whose time without
+        # memory pressure plus its recomputation cannot beat the best found is not run (its
+        # recomputed ops add their recorded time at least: retimes only slow ops down).
+        floor = self._free_time(run_plan, trace, hw, capacity_bytes)
+        plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
+                        for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
+        best: tuple[float, str, Plan] | None = None
+        pruned = 0
+
+        def hopeless(rc_us: float) -> bool:
+            return best is not None and floor + rc_us * (1 - 1e-9) >= best[0]
+
+        for rc_us, what, _, plan in plans:
+            if hopeless(rc_us):
+                pruned += 1
+                continue
+            us = judge.time_if_fits(plan)
+            if us is not None and (best is None or us < best[0]):
+                best = (us, what, plan)
+        for rc_us, what, b, plan in plans:
+            if hopeless(rc_us) or judge.time_if_fits(plan) is not None:
+                continue
+            fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=False)
+            us = judge.time_if_fits(fitted)
+            if us is not None and (best is None or us < best[0]):
+                best = (us, what, fitted)
+        if best is None:
+            plan = fit_with_notes(judge, trace, hw, capacity_bytes, cands[0][1])
+            return dataclasses.replace(plan, notes=(
+                *plan.notes, f"recompute optimal: none of {len(cands)} segmentations (the DP's, "
+                f"sqrt, every-k) fits as run; {judge.runs} run(s)"))
+        us, what, plan = best
+        return dataclasses.replace(plan, notes=(
+            *plan.notes, f"recompute optimal: {what}, the fastest of {len(cands)} segmentations "
+            f"(the DP's, sqrt, every-k) that fit as run ({us:.0f} us; {judge.runs} run(s))"))
 
     def _every(self, a: Attempt) -> Plan:
         """every-k or sqrt: the segmentation ignores the capacity; only algo=auto's workspace
@@ -367,6 +485,14 @@ class Checkpointing(FittedPolicy):
         k = max(1, round(math.sqrt(seg.n)))
         return self._fixed(seg, k, rnotes, f" (no segmentation fits {format_size(budget)} by the "
                                            f"model: fell back to sqrt)")
+
+    @staticmethod
+    def _free_time(run_plan: RunPlan, trace: Trace, hw: Hardware, capacity: int) -> float:
+        """The iteration with nothing recomputed and memory to spare: a floor for every
+        candidate's time less its recomputation."""
+        ample = max(capacity, 2 * sum(t.size_bytes for t in trace.tensors) + (1 << 30))
+        report = run_plan(trace, hw, Plan(), None, ample).report
+        return float(report["iteration_time_us"])
 
     @staticmethod
     def _cuts(seg: Segmenter, budget: int) -> list[int] | None:
