@@ -34,6 +34,18 @@ def test_prefetch_on_a_side_stream_is_anchored(spec: str, memory: str) -> None:
     assert report["iteration_time_us"] > 0
 
 
+@pytest.mark.parametrize("spec", ["vdnn:mode=conv", "vdnnpp"])
+def test_a_prefetch_is_not_anchored_before_the_release(spec: str) -> None:
+    """RegNetY-1.6GF runs one forward convolution (op 11) alone on a side stream: anchoring the
+    prefetch of the tensor it offloads (and releases at its end) on the last op of that stream
+    put it at op 11 itself, before the release, where it did nothing (PlanError: op 944 reads
+    tensor 1008 which is host). The prefetch must come after the release or stay put."""
+    trace = load_trace(TRACES / "regnet_y_1_6gf-b64-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    report = simulate(trace, hw, make_policy(spec), make_allocator("caching"), None).report
+    assert report["fits"] and report["iteration_time_us"] > 0
+
+
 # ---------------------------------------------------------------- random networks
 
 M = 10**6

@@ -185,7 +185,9 @@ def anchor_prefetches(view: TraceView, plan: Plan) -> Plan:
     convolution on a side stream), it can be issued before the offload has even started, finds
     the tensor still on the device (or unborn) and does nothing, and the reader then finds it
     on the host with no prefetch (PlanError). Ops of one stream launch in trace order, so the
-    last op of the offload's stream at or before the chosen one launches after the offload."""
+    last op of the offload's stream at or before the chosen one launches after the offload.
+    That op must also come after the release: where the offload's stream has none (a forward
+    convolution alone on a side stream, RegNet's), the prefetch stays where it was."""
     offloads = {a.tensor: a for a in plan.actions if isinstance(a, Offload)}
     if not offloads:
         return plan
@@ -199,6 +201,8 @@ def anchor_prefetches(view: TraceView, plan: Plan) -> Plan:
         if isinstance(act, Prefetch) and off is not None:
             stream = view.op[off.at_op].stream
             lo = view.pos[off.at_op] + (1 if off.after else 0)
+            if off.release_after is not None:  # issued at or before the release, it finds the
+                lo = max(lo, view.pos[off.release_after] + 1)  # tensor still on the device
             at = view.pos[act.at_op]
             if view.op[act.at_op].stream != stream or at < lo:
                 same = by_stream[stream]
