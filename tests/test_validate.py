@@ -36,7 +36,8 @@ def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys
     assert row["ok"] is False
     assert out["summary"] == {"n": 1, "time_mape": pytest.approx(0.0),
                               "peak_mape": pytest.approx(1 / 3), "reserved_mape": pytest.approx(
-                                  abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0}
+                                  abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0,
+                              "plans_changed": 0}
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -75,3 +76,24 @@ def test_bad_cases_name_file_and_key(tmp_path, fields, fragment):
 def test_missing_case_path_is_an_error():
     with pytest.raises(ConfigError, match="no such case file"):
         load_cases(["/nonexistent/cases"])
+
+
+@pytest.mark.parametrize("changed", [True, False])
+def test_a_plan_that_changed_since_it_was_measured_is_marked(tmp_path, capsys, changed):
+    """A measured run records its plan's digest; a policy that now plans otherwise is compared
+    with a run of another plan, and validate says so (row plan_changed, '*' in the table)."""
+    from vsim.hardware import load_hardware
+    from vsim.plan import plan_digest
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("none").plan(load_trace(TINY), hw, hw.capacity_bytes)
+    measured = {"iteration_time_us": 40.0, "peak_allocated_bytes": 4000, "fits": True,
+                "plan": {"digest": "0" * 16 if changed else plan_digest(plan)}}
+    (tmp_path / "m.json").write_text(json.dumps(measured))
+    write_case(tmp_path, measured=str(tmp_path / "m.json"))
+    main(["validate", str(tmp_path / "validation" / "cases"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert bool(out["cases"][0].get("plan_changed")) is changed
+    assert out["summary"]["plans_changed"] == int(changed)

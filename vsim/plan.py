@@ -173,3 +173,11 @@ class Planner(Protocol):
 
 PlanBuilder = Callable[[int, frozenset[int]], Plan]
 """(budget, convolutions forced to their workspace-free algorithm) -> a plan."""
+
+
+def plan_digest(plan: Plan) -> str:
+    """A short digest of a plan's actions: a measured run records it (vsim.runtime.results), so
+    that `vsim validate` can tell when a policy now plans differently from the plan measured."""
+    import hashlib
+
+    return hashlib.sha256(repr(plan.actions).encode()).hexdigest()[:16]

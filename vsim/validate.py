@@ -180,6 +180,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
     from .engine import simulate
     from .engine.simulator import PlanError
     from .hardware import load_hardware
+    from .plan import plan_digest
     from .policies import make_policy
     from .retarget import for_hardware
     from .trace import load_trace
@@ -190,14 +191,17 @@ def run_case(case: Case, first_iteration: bool | None = None,
     trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
     keys = ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes", "fits")
     try:
-        report = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                          case.memory_bytes, first_iteration, workspace_fallback).report
+        result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                          case.memory_bytes, first_iteration, workspace_fallback)
+        report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
                 "predicted": dict.fromkeys(keys), "measured": measured,
                 "error": dict.fromkeys(METRICS), "tolerance": case.tolerance, "ok": False,
                 "plan_error": str(exc)}
     predicted = {k: report[k] for k in keys}
+    measured_digest = ((measured.get("plan") or {}).get("digest")
+                       if isinstance(measured.get("plan"), dict) else None)
     error: dict[str, float | None] = {}
     ok = predicted["fits"] == bool(measured["fits"])
     for metric in METRICS:
@@ -209,9 +213,12 @@ def run_case(case: Case, first_iteration: bool | None = None,
         error[metric] = err
         if metric in case.tolerance and err is not None and abs(err) > case.tolerance[metric]:
             ok = False
-    return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
-            "predicted": predicted, "measured": measured, "error": error,
-            "tolerance": case.tolerance, "ok": ok}
+    row = {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
+           "predicted": predicted, "measured": measured, "error": error,
+           "tolerance": case.tolerance, "ok": ok}
+    if measured_digest and measured_digest != plan_digest(result.plan):
+        row["plan_changed"] = True  # the policy plans differently now than the plan measured
+    return row
 
 
 def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
@@ -256,7 +263,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "peak_mape": mape("peak_allocated"), "reserved_mape": mape("peak_reserved"),
             "fits_correct": sum(r["predicted"]["fits"] == bool(r["measured"]["fits"])
                                 for r in rows),
-            "ok": sum(r["ok"] for r in rows)}
+            "ok": sum(r["ok"] for r in rows),
+            "plans_changed": sum(bool(r.get("plan_changed")) for r in rows)}
 
 
 def paper_files(paths: list[str]) -> list[Path]:

@@ -138,13 +138,17 @@ def format_validation(result: dict[str, Any]) -> str:
             f"{_or_dash(format_size, p['peak_allocated_bytes']):>10} "
             f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
             f"{pct(e['peak_allocated']):>7}  "
-            f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}")
+            f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}"
+            + (" *" if r.get("plan_changed") else ""))
     lines += [f"{r['id']}: the policy's plan does not run: {r['plan_error']}"
               for r in result["cases"] if "plan_error" in r]
     s = result["summary"]
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
                  f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
                  f"{pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    if s.get("plans_changed"):
+        lines.append(f"* {s['plans_changed']} case(s): the policy now plans differently from the "
+                     "plan measured (its digest); remeasure them to compare like with like")
     for title, key in (("family", "by_family"), ("policy", "by_policy")):
         groups = result.get(key) or {}
         if not groups:

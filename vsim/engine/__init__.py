@@ -43,6 +43,7 @@ class SimResult:
                  simpy_events: int) -> None:
         self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
         self.simpy_events = simpy_events
+        self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
         self._inputs = (trace, hw, policy, allocator, capacity, out)
 

@@ -5,7 +5,6 @@ the gradient check's comparison, the one-line summary and the JSON file."""
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -17,7 +16,7 @@ import torch
 
 from .. import __version__
 from ..fileio import write_atomic
-from ..plan import Offload, Plan, Retime
+from ..plan import Offload, Plan, Retime, plan_digest
 from ..trace.schema import Trace
 from ..units import format_size
 from .executor import Executor, IterationStats
@@ -89,8 +88,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for a in plan.actions:
         counts[type(a).__name__] = counts.get(type(a).__name__, 0) + 1
-    digest = hashlib.sha256(repr(plan.actions).encode()).hexdigest()[:16]
-    return {"actions": counts, "digest": digest, "pinned_pool_bytes": plan.pinned_pool_bytes,
+    return {"actions": counts, "digest": plan_digest(plan),
+            "pinned_pool_bytes": plan.pinned_pool_bytes,
             "pinned": plan.pinned, "pinned_lazy": plan.pinned_lazy,
             "wait_for_memory": plan.wait_for_memory}
 
