@@ -9,7 +9,7 @@ from builders import chain
 
 from vsim.cli import main
 from vsim.errors import ConfigError
-from vsim.plots import _series, largest_batch, plot_sweep
+from vsim.plots import _series, largest_batch, plot_sweep, slowdown_panels
 from vsim.sweep import (
     KEY_COLUMNS,
     ResultWriter,
@@ -229,6 +229,7 @@ def test_largest_batch_and_plots(traces, tmp_path, capsys):
     written = plot_sweep(rows, str(tmp_path / "again"))
     names = sorted(os.path.basename(p) for p in written)
     assert names == ["max-batch-chain4-h100-sxm.png", "slowdown-chain4-h100-sxm.png"]
+    assert slowdown_panels(rows) == [(1, None), (2, None), (4, None)]
     for p in written + [str(tmp_path / "plots" / n) for n in names]:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -303,6 +304,9 @@ def test_longest_sequence_plot(tmp_path, capsys):
         512 * MIB: 512, GIB: 1024, 2 * GIB: 2048}
     assert sorted(os.listdir(tmp_path / "p")) == ["max-seq-chain4s-h100-sxm.png",
                                                   "slowdown-chain4s-h100-sxm.png"]
+    # one slowdown panel per trace (a panel per batch alone mixed the three sequences' rows
+    # into one line per policy, zigzagging between traces at each capacity)
+    assert slowdown_panels(rows) == [(2, 512), (2, 1024), (2, 2048)]
 
 
 # ------------------------------------------------------------------ outputs, workers, addresses

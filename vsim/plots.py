@@ -20,6 +20,8 @@ KIND_COLORS = {
 }
 PHASE_COLORS = {"fwd": "#55a868", "bwd": "#4c72b0", "opt": "#8172b2", "other": "#999999"}
 GIB = 2**30
+BATCH = "trace.batch_size"  # sweep row columns of the swept trace's shape
+SEQ = "trace.seq_len"
 
 
 def memory_by_kind(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -196,10 +198,20 @@ def _style(name: str, i: int) -> dict[str, Any]:
             "linestyle": _LINES[i % len(_LINES)], "linewidth": 1.3, "zorder": 2}
 
 
+def slowdown_panels(rows: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """The panels of plot_slowdown, in order: one per (batch size, sequence length) of the
+    rows' traces (sequence None for traces without one), so that each panel's lines compare
+    policies on one trace."""
+    return sorted({(r.get(BATCH), r.get(SEQ)) for r in rows},
+                  key=lambda b: tuple((v is None, v or 0) for v in b))
+
+
 def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
     """Iteration time over the no-policy time at ample capacity, against capacity, one line per
-    policy, one panel per batch size; a policy has no point where it runs out of memory."""
-    batches = sorted({r.get("trace.batch_size") for r in rows}, key=lambda b: (b is None, b))
+    policy, one panel per batch size (per batch size and sequence length when the traces have
+    several: the lines of one panel belong to one trace); a policy has no point where it runs
+    out of memory."""
+    batches = slowdown_panels(rows)
     ncols = min(3, len(batches))
     nrows = -(-len(batches) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.2 * ncols), 3.8 * nrows + 1.2),
@@ -208,7 +220,7 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
     several = len({r.get("allocator") for r in rows}) > 1
     index = {name: i for i, name in enumerate(_series(rows, several))}  # one style per series
     for ax, batch in zip(axes.flat, batches, strict=False):
-        sel = [r for r in rows if r.get("trace.batch_size") == batch]
+        sel = [r for r in rows if (r.get(BATCH), r.get(SEQ)) == batch]
         ax.axhline(1.0, color="gray", linewidth=1)
         for name, rs in _series(sel, several).items():
             i = index[name]
@@ -218,7 +230,8 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
                 continue
             (line,) = ax.plot(*zip(*pts, strict=True), label=name, **_style(name, i))
             handles.setdefault(name, line)
-        ax.set_title(f"{_model(sel[0])} batch {batch} on {sel[0].get('hardware')}",
+        seq = f" seq {batch[1]}" if batch[1] is not None else ""
+        ax.set_title(f"{_model(sel[0])} batch {batch[0]}{seq} on {sel[0].get('hardware')}",
                      fontsize=10)
         ax.set_xlabel("capacity (GiB)")
         ax.grid(alpha=0.3)
@@ -236,10 +249,6 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
                    title_fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, bottom, 1, 1))
     _save(fig, path)
-
-
-BATCH = "trace.batch_size"
-SEQ = "trace.seq_len"
 
 
 def largest_batch(rows: list[dict[str, Any]], axis: str = BATCH) -> dict[str, dict[int, int]]:
