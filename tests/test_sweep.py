@@ -9,7 +9,13 @@ from builders import chain
 
 from vsim.cli import main
 from vsim.errors import ConfigError
-from vsim.plots import _series, largest_batch, plot_sweep
+from vsim.plots import (
+    _series,
+    largest_batch,
+    plot_sweep,
+    slowdown_at_largest,
+    slowdown_panels,
+)
 from vsim.sweep import (
     KEY_COLUMNS,
     ResultWriter,
@@ -229,6 +235,7 @@ def test_largest_batch_and_plots(traces, tmp_path, capsys):
     written = plot_sweep(rows, str(tmp_path / "again"))
     names = sorted(os.path.basename(p) for p in written)
     assert names == ["max-batch-chain4-h100-sxm.png", "slowdown-chain4-h100-sxm.png"]
+    assert slowdown_panels(rows) == [(1, None), (2, None), (4, None)]
     for p in written + [str(tmp_path / "plots" / n) for n in names]:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -303,6 +310,20 @@ def test_longest_sequence_plot(tmp_path, capsys):
         512 * MIB: 512, GIB: 1024, 2 * GIB: 2048}
     assert sorted(os.listdir(tmp_path / "p")) == ["max-seq-chain4s-h100-sxm.png",
                                                   "slowdown-chain4s-h100-sxm.png"]
+    # one slowdown panel per trace (a panel per batch alone mixed the three sequences' rows
+    # into one line per policy, zigzagging between traces at each capacity)
+    assert slowdown_panels(rows) == [(2, 512), (2, 1024), (2, 2048)]
+    # the slowdown at the longest that fits, per capacity (the bar labels of the max-seq plot)
+    assert slowdown_at_largest(rows, axis="trace.seq_len")["none:algo=performance"] == {
+        512 * MIB: pytest.approx(1.0), GIB: pytest.approx(1.0), 2 * GIB: pytest.approx(1.0)}
+    # 256 MiB: nothing fits, so no slowdown
+    sweep_json(capsys, "--trace", *paths, "--hw", "h100-sxm", "--memory", "256MiB",
+               "--policy", "none", "-o", str(out))
+    rows = read_rows(str(out))
+    assert slowdown_at_largest(rows, axis="trace.seq_len")["none:algo=performance"][
+        256 * MIB] is None
+    (tmp_path / "q").mkdir()
+    assert len(plot_sweep(rows, str(tmp_path / "q"))) == 2
 
 
 # ------------------------------------------------------------------ outputs, workers, addresses
@@ -405,3 +426,17 @@ def test_well_formed_scheduler_addresses_pass():
     for address in ("tcp://10.0.0.5:8786", "127.0.0.1:8786", "tls://[::1]:8786",
                     " tcp://node-3.cluster:1 ", "inproc://1.2.3/4/5"):
         assert check_scheduler(address) == address.strip()
+
+
+def test_max_batch_plot_lines_for_many_capacities(tmp_path):
+    """More than BAR_CAPACITIES capacities: one step line per policy (the bars are for a few
+    cards); both forms write a PNG."""
+    from vsim.plots import BAR_CAPACITIES, plot_max_batch
+    rows = [{"capacity_bytes": c * GIB, "fits": b * 2 <= c, "trace.batch_size": b,
+             "policy": "none", "allocator": "caching", "hardware": "h100-sxm",
+             "trace.model": "m", "slowdown": 1.0}
+            for c in range(1, BAR_CAPACITIES + 3) for b in (1, 2, 4)]
+    for n, caps in (("lines", BAR_CAPACITIES + 2), ("bars", 2)):
+        path = tmp_path / f"{n}.png"
+        plot_max_batch([r for r in rows if r["capacity_bytes"] <= caps * GIB], str(path))
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

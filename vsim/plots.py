@@ -20,6 +20,8 @@ KIND_COLORS = {
 }
 PHASE_COLORS = {"fwd": "#55a868", "bwd": "#4c72b0", "opt": "#8172b2", "other": "#999999"}
 GIB = 2**30
+BATCH = "trace.batch_size"  # sweep row columns of the swept trace's shape
+SEQ = "trace.seq_len"
 
 
 def memory_by_kind(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -196,19 +198,29 @@ def _style(name: str, i: int) -> dict[str, Any]:
             "linestyle": _LINES[i % len(_LINES)], "linewidth": 1.3, "zorder": 2}
 
 
+def slowdown_panels(rows: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """The panels of plot_slowdown, in order: one per (batch size, sequence length) of the
+    rows' traces (sequence None for traces without one), so that each panel's lines compare
+    policies on one trace."""
+    return sorted({(r.get(BATCH), r.get(SEQ)) for r in rows},
+                  key=lambda b: tuple((v is None, v or 0) for v in b))
+
+
 def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
     """Iteration time over the no-policy time at ample capacity, against capacity, one line per
-    policy, one panel per batch size; a policy has no point where it runs out of memory."""
-    batches = sorted({r.get("trace.batch_size") for r in rows}, key=lambda b: (b is None, b))
+    policy, one panel per batch size (per batch size and sequence length when the traces have
+    several: the lines of one panel belong to one trace); a policy has no point where it runs
+    out of memory."""
+    batches = slowdown_panels(rows)
     ncols = min(3, len(batches))
     nrows = -(-len(batches) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.2 * ncols), 3.8 * nrows + 1.2),
-                             squeeze=False, sharey=True)
+                             squeeze=False, sharey=True, sharex=True)
     handles: dict[str, Any] = {}
     several = len({r.get("allocator") for r in rows}) > 1
     index = {name: i for i, name in enumerate(_series(rows, several))}  # one style per series
     for ax, batch in zip(axes.flat, batches, strict=False):
-        sel = [r for r in rows if r.get("trace.batch_size") == batch]
+        sel = [r for r in rows if (r.get(BATCH), r.get(SEQ)) == batch]
         ax.axhline(1.0, color="gray", linewidth=1)
         for name, rs in _series(sel, several).items():
             i = index[name]
@@ -218,9 +230,11 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
                 continue
             (line,) = ax.plot(*zip(*pts, strict=True), label=name, **_style(name, i))
             handles.setdefault(name, line)
-        ax.set_title(f"{_model(sel[0])} batch {batch} on {sel[0].get('hardware')}",
+        seq = f" seq {batch[1]}" if batch[1] is not None else ""
+        ax.set_title(f"{_model(sel[0])} batch {batch[0]}{seq} on {sel[0].get('hardware')}",
                      fontsize=10)
         ax.set_xlabel("capacity (GiB)")
+        ax.xaxis.set_tick_params(labelbottom=True)
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("slowdown (x no policy, ample memory)")
@@ -236,10 +250,6 @@ def plot_slowdown(rows: list[dict[str, Any]], path: str) -> None:
                    title_fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, bottom, 1, 1))
     _save(fig, path)
-
-
-BATCH = "trace.batch_size"
-SEQ = "trace.seq_len"
 
 
 def largest_batch(rows: list[dict[str, Any]], axis: str = BATCH) -> dict[str, dict[int, int]]:
@@ -258,17 +268,62 @@ def largest_batch(rows: list[dict[str, Any]], axis: str = BATCH) -> dict[str, di
     return table
 
 
+def slowdown_at_largest(rows: list[dict[str, Any]], axis: str = BATCH
+                        ) -> dict[str, dict[int, float | None]]:
+    """Per policy and capacity (as largest_batch), the slowdown of the run at the largest batch
+    (sequence) that fits there; None where none fits or the row has no slowdown."""
+    table = largest_batch(rows, axis)
+    out: dict[str, dict[int, float | None]] = {}
+    for name, rs in _series(rows).items():
+        out[name] = {}
+        for cap, best in table[name].items():
+            hit = [r.get("slowdown") for r in rs if r.get("fits") and best
+                   and int(r["capacity_bytes"]) == cap and r.get(axis) is not None
+                   and int(r[axis]) == best]
+            out[name][cap] = float(hit[0]) if hit and hit[0] is not None else None
+    return out
+
+
+def _values_text(values: list[int]) -> str:
+    """Swept sizes for a title: all of them when few, else the range and the count."""
+    if len(values) <= 6:
+        return ", ".join(map(str, values))
+    return f"{values[0]}..{values[-1]} ({len(values)} sizes)"
+
+
+# At most this many capacities: the largest batch (sequence) as grouped bars per policy, with
+# its value and slowdown written on each bar; more capacities: one step line per policy.
+BAR_CAPACITIES = 4
+
+
 def plot_max_batch(rows: list[dict[str, Any]], path: str, axis: str = BATCH) -> None:
-    """The largest batch size (axis=SEQ: sequence length) of those swept that fits, against
-    capacity, one line per policy; 0 where none fits. Lines are nudged apart a little where
-    policies agree."""
+    """The largest batch size (axis=SEQ: sequence length) of those swept that fits, per policy
+    and capacity; none where none fits. For up to BAR_CAPACITIES capacities (cards) grouped
+    horizontal bars, one group per policy, each bar labelled with the size and the slowdown
+    there; for more, lines against capacity, nudged apart a little where policies agree."""
     batches = sorted({int(r[axis]) for r in rows if r.get(axis) is not None})
     table = largest_batch(rows, axis)
     word = "batch" if axis == BATCH else "sequence"
-    fig, ax = plt.subplots(figsize=(10, 5.2))
+    most = "largest" if axis == BATCH else "longest"
+    sample = rows[0]
+    other = (f" at sequence {sample[SEQ]}" if axis == BATCH and sample.get(SEQ) else
+             f" at batch {sample.get(BATCH)}" if axis == SEQ else "")
+    title = (f"{_model(sample)}{other} on {sample.get('hardware')}: {most} trainable {word} "
+             f"of {_values_text(batches)}")
+    caps = sorted({int(r["capacity_bytes"]) for r in rows})
+    if len(caps) <= BAR_CAPACITIES:
+        gaps = {name: {cap: any(not r.get("fits") and int(r["capacity_bytes"]) == cap
+                                and r.get(axis) is not None and int(r[axis]) < best
+                                for r in rs)
+                       for cap, best in table[name].items()}
+                for name, rs in _series(rows).items()}
+        _max_bars(table, slowdown_at_largest(rows, axis), gaps, caps, batches, path,
+                  f"{most} {word} that fits (slowdown against no policy with ample memory)",
+                  title)
+        return
+    fig, ax = plt.subplots(figsize=(10, 6.2))
     n = len(table)
     for i, (name, best) in enumerate(table.items()):
-        caps = sorted(best)
         x = [c / GIB for c in caps]
         nudge = 1 + 0.012 * (i - (n - 1) / 2)  # on a log axis: the same gap at every batch
         y = [best[c] * nudge if best[c] else np.nan for c in caps]
@@ -278,15 +333,48 @@ def plot_max_batch(rows: list[dict[str, Any]], path: str, axis: str = BATCH) -> 
     ax.minorticks_off()
     ax.set_ylim(batches[0] / 1.4, batches[-1] * 1.4)
     ax.set_xlabel("capacity (GiB)")
-    ax.set_ylabel(f"{'largest' if axis == BATCH else 'longest'} {word} that fits")
-    sample = rows[0]
-    other = (f" at sequence {sample[SEQ]}" if axis == BATCH and sample.get(SEQ) else
-             f" at batch {sample.get(BATCH)}" if axis == SEQ else "")
-    ax.set_title(f"{_model(sample)}{other} on {sample.get('hardware')}: "
-                 f"{'largest' if axis == BATCH else 'longest'} trainable {word} of "
-                 f"{', '.join(map(str, batches))} (no line: none fits)", fontsize=10)
+    ax.set_ylabel(f"{most} {word} that fits")
+    ax.set_title(title + " (no line: none fits)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", title="policy", title_fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+              title="policy", title_fontsize=8, frameon=False)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _max_bars(table: dict[str, dict[int, int]], slow: dict[str, dict[int, float | None]],
+              gaps: dict[str, dict[int, bool]], caps: list[int], sizes: list[int], path: str,
+              xlabel: str, title: str) -> None:
+    """Grouped horizontal bars: a group per policy (top to bottom in series order), a bar per
+    capacity, its length the largest size that fits on a log2 axis, labelled 'SIZE (SLOWx)' or
+    'none fits', with a '*' where a smaller swept size ran out of memory there."""
+    names = list(table)
+    height = 0.8 / len(caps)
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.32 * len(names) * len(caps) + 0.9))
+    base = sizes[0] / 2  # bars start left of the smallest size, so that one shows
+    for j, cap in enumerate(caps):
+        ys = [len(names) - 1 - k + (len(caps) - 1 - j - (len(caps) - 1) / 2) * height
+              for k in range(len(names))]
+        widths = [table[n][cap] - base if table[n][cap] else 0 for n in names]
+        ax.barh(ys, widths, left=base, height=height * 0.9, color=f"C{j}",
+                label=f"{cap / GIB:g} GiB")
+        for y, n in zip(ys, names, strict=True):
+            best, sd = table[n][cap], slow[n][cap]
+            text = "none fits" if not best else f"{best} ({sd:.2f}x)" if sd else str(best)
+            text += " *" if gaps[n][cap] else ""
+            ax.text(best * 1.04 if best else base * 1.04, y, text, va="center", fontsize=7.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlim(base, sizes[-1] * 2.2)
+    ax.set_yticks(range(len(names)), [n.replace(":", "\n", 1) for n in reversed(names)],
+                  fontsize=7.5)
+    ax.set_xlabel(xlabel)
+    if any(g for per in gaps.values() for g in per.values()):
+        title += "\n* a smaller size of those swept ran out of memory at that capacity"
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right", title="capacity", title_fontsize=8)
     fig.tight_layout()
     _save(fig, path)
 
