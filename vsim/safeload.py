@@ -21,6 +21,7 @@ import json
 import math
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,11 @@ class _NonFinite:
 
 
 def parse_json(raw: bytes | str, where: str, error: type[VsimError],
-               finite: bool = False, what: str = "JSON") -> Any:
+               finite: bool = False, what: str = "JSON",
+               object_hook: Callable[[dict[str, Any]], Any] | None = None) -> Any:
     """json.loads with every failure as `error` naming `where`. `finite`: NaN and Infinity are
-    refused too, with the JSON path of the first (a trace must be strict JSON)."""
+    refused too, with the JSON path of the first (a trace must be strict JSON). `object_hook`:
+    json.loads's (called with each object as it is built)."""
     seen: list[_NonFinite] = []
 
     def constant(text: str) -> Any:
@@ -112,7 +115,8 @@ def parse_json(raw: bytes | str, where: str, error: type[VsimError],
         return marker
 
     try:
-        doc = json.loads(raw, parse_constant=constant) if finite else json.loads(raw)
+        doc = (json.loads(raw, parse_constant=constant, object_hook=object_hook) if finite
+               else json.loads(raw, object_hook=object_hook))
     except UnicodeDecodeError:
         raise error(f"not a text {what} file (binary data)", where) from None
     except json.JSONDecodeError as exc:

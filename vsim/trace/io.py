@@ -143,11 +143,37 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        doc = parse_json(read_maybe_gzip(path, "trace"), where, TraceError)
+        raw: bytes | str = read_maybe_gzip(path, "trace")
+        try:  # the parser decodes bytes to a str of its own: decode once, keep only the str
+            raw = raw.decode("utf-8")  # type: ignore[union-attr]
+        except UnicodeDecodeError:
+            pass  # parse_json says what is wrong with it
+        # Well-formed op events and tensors become Op and Tensor objects as the parser builds
+        # them, so the parsed dicts of a large trace never all exist at once (a 1M-op trace:
+        # 3.5 GB of dicts); anything unusual stays a dict for the field-by-field reader.
+        doc = parse_json(raw, where, TraceError, object_hook=_early_records)
+        version = doc.get("vsim", {}).get("version") if isinstance(doc, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool) \
+                and version < SCHEMA_VERSION:  # migrations work on plain documents
+            doc = parse_json(raw, where, TraceError)
+        del raw
         return trace_from_json(doc, where)
     finally:
         if enabled:
             gc.enable()
+
+
+_TENSOR_KEYS = frozenset({"id", "bytes", "kind", "name", "producer", "consumers"})
+
+
+def _early_records(obj: dict[str, Any]) -> Any:
+    """The parser's object hook (load_trace): an "X"/"op" event as its Op and a tensor entry
+    (exactly a tensor's keys) as its Tensor when the fast readers accept them, else the dict."""
+    if obj.get("cat") == "op" and obj.get("ph") == "X":
+        return _fast_op(obj) or obj
+    if "kind" in obj and "bytes" in obj and obj.keys() <= _TENSOR_KEYS:
+        return _fast_tensor(obj) or obj
+    return obj
 
 
 def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:
@@ -263,16 +289,19 @@ class _Reader:
         tensors = tuple(self.tensor(t, f"vsim.tensors[{i}]") for i, t in
                         enumerate(self.lst(self.key(sidecar, "tensors", "vsim"), "vsim.tensors")))
         events = self.lst(self.key(doc, "traceEvents", ""), "traceEvents")
-        ops: list[tuple[Op, str]] = []
+        ops: list[tuple[Op, int]] = []  # (op, index of its event)
         copies: list[Copy] = []
         mem: list[MemEvent] = []
         counters: list[dict[str, Any]] = []
         for i, ev in enumerate(events):
+            if type(ev) is Op:  # read as the document was parsed (load_trace)
+                ops.append((ev, i))
+                continue
             path = f"traceEvents[{i}]"
             ev = self.obj(ev, path)
             ph, cat = ev.get("ph"), ev.get("cat")
             if ph == "X" and cat == "op":
-                ops.append((self.op(ev, path), path))
+                ops.append((self.op(ev, path), i))
             elif ph == "X" and cat == "copy":
                 copies.append(self.copy(ev, path))
             elif ph == "i" and cat == "mem":
@@ -301,6 +330,8 @@ class _Reader:
                                           f"{path}.peak_reserved_bytes"))
 
     def tensor(self, value: Any, path: str) -> Tensor:
+        if type(value) is Tensor:  # read as the document was parsed (load_trace)
+            return value
         fast = _fast_tensor(value)
         if fast is not None:
             return fast
@@ -383,7 +414,7 @@ class _Reader:
             tensor=None if tensor is None else self.integer(tensor, f"{ap}.tensor"),
             op=None if op is None else self.integer(op, f"{ap}.op"))
 
-    def check_graph(self, tensors: tuple[Tensor, ...], ops: list[tuple[Op, str]]) -> None:
+    def check_graph(self, tensors: tuple[Tensor, ...], ops: list[tuple[Op, int]]) -> None:
         """Ids unique and known, deps only backwards, producers consistent, no use after free,
         and no use across streams without a dependency (see `_StreamOrder`)."""
         by_id: dict[int, Tensor] = {}
@@ -396,7 +427,8 @@ class _Reader:
         freed: dict[int, int] = {}
         written: set[int] = set()
         order = _StreamOrder(len({op.stream for op, _ in ops}) > 1)
-        for op, path in ops:
+        for op, index in ops:
+            path = f"traceEvents[{index}]"
             if op.id in op_ids:
                 raise self.fail(f"{path}.args.op", f"duplicate op id {op.id}")
             if op.id <= last:
