@@ -62,7 +62,10 @@ class CachingAllocator(Allocator):
         self.segment_addresses = iter(segment_addresses)
 
     def _pool(self, pool: str, stream: int) -> BlockPool:
-        return self.pools.setdefault((pool, stream), BlockPool())
+        found = self.pools.get((pool, stream))
+        if found is None:  # (setdefault would build a BlockPool on every call)
+            found = self.pools[(pool, stream)] = BlockPool()
+        return found
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         size = round_size(size_bytes)
