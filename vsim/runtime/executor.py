@@ -139,8 +139,8 @@ class Executor(Recomputation):
         self._unlocated = set(self.unlocated)
         self.recorded_ops = {o for rcs in self.recompute_before.values() for rc in rcs
                              for o in rc.ops}
-        self.rebuilt = {t for rcs in self.recompute_before.values() for rc in rcs
-                        for t in rc.tensors}
+        # in-place updates matter to recomputations until the last one has run
+        self.track_until = max(self.recompute_before, default=-1) if self.recorded_ops else -1
         # calls that make constants a recomputation may read (recompute.CONSTANT_FUNCS)
         self.constant_calls: frozenset[int] = frozenset(
             k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \
@@ -172,11 +172,11 @@ class Executor(Recomputation):
         self.pending_release: dict[int, list[int]] = defaultdict(list)
         self.recording: dict[int, list[RecordedCall]] = {o: [] for o in self.recorded_ops}
         self.keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        # storages of tensors that a Recompute rebuilds -> tensor, and the in-place calls
-        # outside the recomputed chain that changed them before they were dropped
-        self.rebuilt_storage: weakref.WeakKeyDictionary[Any, int] = \
-            weakref.WeakKeyDictionary()
-        self.modifiers: dict[int, list[RecordedCall]] = defaultdict(list)
+        self.key_storage: dict[int, Any] = {}  # storage key -> weakref to the storage
+        # storage key -> the calls that wrote it (fresh outputs, in-place updates) in order,
+        # and the in-place updates among them (vsim.runtime.recompute's _recompute)
+        self.writes: dict[int, list[int]] = defaultdict(list)
+        self.mutations: dict[int, list[RecordedCall]] = defaultdict(list)
         self.constants: dict[int, torch.Tensor] = {}
         self.next_key = 0
         self.host_live = 0
@@ -377,8 +377,6 @@ class Executor(Recomputation):
             self.storage[t] = weakref.ref(st)
             self.nbytes[t] = st.nbytes()
             self.state[t] = "device"
-            if t in self.rebuilt:
-                self.rebuilt_storage[st] = t
 
     def _storage(self, t: int) -> Any:
         ref = self.storage.get(t)
