@@ -22,7 +22,9 @@ shares -- autograd's saved variables, views, the model's own Python locals:
 - Drop and Release: the storage is resized to 0 bytes (no copy).
 - Recompute: the aten calls of the chain's ops are recorded (function, arguments as storage
   references, RNG state for random ops) while the forward pass runs them; before op `before_op`
-  they are called again, outside autograd. A dropped tensor gets its bytes back by swapping the
+  they are called again, outside autograd, with the in-place updates other calls made to the
+  storages they allocate, each argument in the state its call read (writes are numbered per
+  storage). A dropped tensor gets its bytes back by swapping the
   recomputed storage's memory into it (`UntypedStorage._swap_data_ptr_`, no copy; a copy where
   that is missing); intermediates live only while the chain runs. Arguments that the original
   call mutated but that the chain does not produce (batch-norm running statistics) get copies,
@@ -97,10 +99,10 @@ class Executor(Recomputation):
     each action does). `inputs`: the step's flattened input tensors (resident across
     iterations; an offloaded input is brought back at the end of the iteration if the plan did
     not). `pool`: a PinnedPool to reuse (plans with pinned_pool_bytes). `strict`: a Recompute
-    whose tensor was also updated in place by ops outside its chain re-runs those ops too; when
-    it cannot (their other inputs are gone), strict raises ExecutorError, otherwise the tensor
-    is rebuilt as the plan says (its producer's output alone: wrong values, counted in
-    `inplace_missed`)."""
+    re-runs the in-place updates that ops outside its chain made to the tensors it rebuilds,
+    and reads each argument in the state its call saw (vsim.runtime.recompute); when it cannot
+    (their other inputs are gone, or only a later state is left), strict raises ExecutorError,
+    otherwise the chain runs on what is there (wrong values, counted in `inplace_missed`)."""
 
     def __init__(self, plan: Plan, opmap: OpMap, trace: Trace, device: torch.device,
                  inputs: list[torch.Tensor], pool: PinnedPool | None = None,
