@@ -22,7 +22,9 @@ shares -- autograd's saved variables, views, the model's own Python locals:
 - Drop and Release: the storage is resized to 0 bytes (no copy).
 - Recompute: the aten calls of the chain's ops are recorded (function, arguments as storage
   references, RNG state for random ops) while the forward pass runs them; before op `before_op`
-  they are called again, outside autograd. A dropped tensor gets its bytes back by swapping the
+  they are called again, outside autograd, with the in-place updates other calls made to the
+  storages they allocate, each argument in the state its call read (writes are numbered per
+  storage). A dropped tensor gets its bytes back by swapping the
   recomputed storage's memory into it (`UntypedStorage._swap_data_ptr_`, no copy; a copy where
   that is missing); intermediates live only while the chain runs. Arguments that the original
   call mutated but that the chain does not produce (batch-norm running statistics) get copies,
@@ -97,10 +99,10 @@ class Executor(Recomputation):
     each action does). `inputs`: the step's flattened input tensors (resident across
     iterations; an offloaded input is brought back at the end of the iteration if the plan did
     not). `pool`: a PinnedPool to reuse (plans with pinned_pool_bytes). `strict`: a Recompute
-    whose tensor was also updated in place by ops outside its chain re-runs those ops too; when
-    it cannot (their other inputs are gone), strict raises ExecutorError, otherwise the tensor
-    is rebuilt as the plan says (its producer's output alone: wrong values, counted in
-    `inplace_missed`)."""
+    re-runs the in-place updates that ops outside its chain made to the tensors it rebuilds,
+    and reads each argument in the state its call saw (vsim.runtime.recompute); when it cannot
+    (their other inputs are gone, or only a later state is left), strict raises ExecutorError,
+    otherwise the chain runs on what is there (wrong values, counted in `inplace_missed`)."""
 
     def __init__(self, plan: Plan, opmap: OpMap, trace: Trace, device: torch.device,
                  inputs: list[torch.Tensor], pool: PinnedPool | None = None,
@@ -139,8 +141,8 @@ class Executor(Recomputation):
         self._unlocated = set(self.unlocated)
         self.recorded_ops = {o for rcs in self.recompute_before.values() for rc in rcs
                              for o in rc.ops}
-        self.rebuilt = {t for rcs in self.recompute_before.values() for rc in rcs
-                        for t in rc.tensors}
+        # in-place updates matter to recomputations until the last one has run
+        self.track_until = max(self.recompute_before, default=-1) if self.recorded_ops else -1
         # calls that make constants a recomputation may read (recompute.CONSTANT_FUNCS)
         self.constant_calls: frozenset[int] = frozenset(
             k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \
@@ -172,11 +174,11 @@ class Executor(Recomputation):
         self.pending_release: dict[int, list[int]] = defaultdict(list)
         self.recording: dict[int, list[RecordedCall]] = {o: [] for o in self.recorded_ops}
         self.keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        # storages of tensors that a Recompute rebuilds -> tensor, and the in-place calls
-        # outside the recomputed chain that changed them before they were dropped
-        self.rebuilt_storage: weakref.WeakKeyDictionary[Any, int] = \
-            weakref.WeakKeyDictionary()
-        self.modifiers: dict[int, list[RecordedCall]] = defaultdict(list)
+        self.key_storage: dict[int, Any] = {}  # storage key -> weakref to the storage
+        # storage key -> the calls that wrote it (fresh outputs, in-place updates) in order,
+        # and the in-place updates among them (vsim.runtime.recompute's _recompute)
+        self.writes: dict[int, list[int]] = defaultdict(list)
+        self.mutations: dict[int, list[RecordedCall]] = defaultdict(list)
         self.constants: dict[int, torch.Tensor] = {}
         self.next_key = 0
         self.host_live = 0
@@ -377,8 +379,6 @@ class Executor(Recomputation):
             self.storage[t] = weakref.ref(st)
             self.nbytes[t] = st.nbytes()
             self.state[t] = "device"
-            if t in self.rebuilt:
-                self.rebuilt_storage[st] = t
 
     def _storage(self, t: int) -> Any:
         ref = self.storage.get(t)

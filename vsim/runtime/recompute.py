@@ -7,6 +7,7 @@ for random ops) and called again, outside autograd, before the op that needs the
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,20 @@ CONSTANT_FUNCS = ("aten.lift_fresh.default", "aten.lift_fresh_copy.default", "at
 CONSTANT_MAX_ELEMENTS = 4096
 
 
+# In-place functions that overwrite their argument without reading it: the state it was in
+# before them does not matter.
+_OVERWRITE = ("aten.bernoulli_.", "aten.normal_.", "aten.uniform_.", "aten.random_.",
+              "aten.exponential_.", "aten.geometric_.", "aten.cauchy_.", "aten.log_normal_.",
+              "aten.fill_.", "aten.zero_.", "aten.copy_.")
+
+
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
+
+
+class _Stale(Exception):
+    """A recorded argument's storage was updated in place since the call read it, and the
+    recomputation has not rebuilt the state the call read."""
 
 
 @dataclass
@@ -62,6 +75,10 @@ class RecordedCall:
     out_keys: list[tuple[int, int]]
     rng: Any
     index: int  # the call's number in the iteration
+    fresh: tuple[int, ...] = ()      # storages the call allocated (its outputs, not views)
+    inplace: tuple[int, ...] = ()    # storages it updated in place (its schema's written args)
+    unversioned: frozenset[int] = frozenset()  # arguments read in any state (running
+    # statistics, which training-mode batch norm only updates; arguments it overwrites)
 
 
 def written_args(func: Any, cache: dict[Any, tuple[tuple[int, str], ...]]
@@ -89,9 +106,10 @@ class Recomputation:
     nbytes: dict[int, int]
     recording: dict[int, list[RecordedCall]]
     keys: weakref.WeakKeyDictionary[Any, int]
+    key_storage: dict[int, Any]
     next_key: int
-    rebuilt_storage: weakref.WeakKeyDictionary[Any, int]
-    modifiers: dict[int, list[RecordedCall]]
+    writes: dict[int, list[int]]
+    mutations: dict[int, list[RecordedCall]]
     _written: dict[Any, tuple[tuple[int, str], ...]]
     _storage: Callable[[int], Any]
     constants: dict[int, torch.Tensor]
@@ -103,18 +121,33 @@ class Recomputation:
             if isinstance(x, torch.Tensor) and x.numel() <= CONSTANT_MAX_ELEMENTS:
                 self.constants[self._key(x.untyped_storage())] = x
 
-    def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, k: int) -> None:
-        """A call outside every recomputed chain that writes into a tensor a Recompute
-        rebuilds (ResNet's `out += identity`, an in-place ReLU after the producer): the
-        recomputation must re-run it too, or the rebuilt tensor would hold the producer's
-        output instead of its final value (the trace lists in-place updates as reads)."""
+    def record(self, rec: list[RecordedCall], func: Any, args: Any, kwargs: Any, out: Any,
+               rng: Any, k: int) -> None:
+        """Call k belongs to a recomputed chain: record it, and number its writes."""
+        call = self.spec_call(func, args, kwargs, out, rng, k)
+        rec.append(call)
+        self._note_writes(call)
+
+    def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
+                      k: int) -> None:
+        """A call outside every recomputed chain that writes in place into a storage a recorded
+        call read or wrote (ResNet's `out += identity` into a batch norm's output, an in-place
+        activation after its producer): a recomputation that rebuilds the storage re-runs it,
+        and one that reads the storage knows that its bytes changed since (see `_recompute`;
+        the trace lists in-place updates as reads)."""
         for i, name in written_args(func, self._written):
             x = args[i] if i < len(args) else kwargs.get(name)
-            if not isinstance(x, torch.Tensor):
-                continue
-            t = self.rebuilt_storage.get(x.untyped_storage())
-            if t is not None and self.state.get(t) == "device":
-                self.modifiers[t].append(self.spec_call(func, args, kwargs, out, None, k))
+            if isinstance(x, torch.Tensor) and x.untyped_storage() in self.keys:
+                break
+        else:
+            return
+        self._note_writes(self.spec_call(func, args, kwargs, out, rng, k))
+
+    def _note_writes(self, call: RecordedCall) -> None:
+        for key in sorted({*call.fresh, *call.inplace}):
+            self.writes[key].append(call.index)
+        for key in call.inplace:
+            self.mutations[key].append(call)
 
     def _key(self, st: Any) -> int:
         k = self.keys.get(st)
@@ -122,6 +155,7 @@ class Recomputation:
             k = self.next_key
             self.next_key += 1
             self.keys[st] = k
+            self.key_storage[k] = weakref.ref(st)
         return k
 
     def rng_state(self) -> Any:
@@ -141,13 +175,46 @@ class Recomputation:
                                  int(x.storage_offset()), x.dtype, x.device)
             return x
 
+        sargs, skwargs = tree_map(spec, args), tree_map(spec, kwargs)
         leaves, _ = tree_flatten(out)
         out_keys = [(j, self._key(x.untyped_storage())) for j, x in enumerate(leaves)
                     if isinstance(x, torch.Tensor)]
-        return RecordedCall(func, tree_map(spec, args), tree_map(spec, kwargs), out_keys, rng,
-                            index)
+        read = {r.key for r in tree_flatten((sargs, skwargs))[0] if isinstance(r, TensorRef)}
+        inplace: list[int] = []
+        unversioned: set[int] = set()
+        overwrites = str(func).startswith(_OVERWRITE)
+        schema = getattr(func, "_schema", None)
+        for i, a in enumerate(schema.arguments if schema is not None else ()):
+            x = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+            if not isinstance(x, torch.Tensor):
+                continue
+            key = self._key(x.untyped_storage())
+            if a.alias_info is not None and a.alias_info.is_write:
+                if key not in inplace:
+                    inplace.append(key)
+                if overwrites or a.kwarg_only:  # out= arguments are overwritten too
+                    unversioned.add(key)
+            elif a.name in _RUNNING_STATS:
+                unversioned.add(key)
+        fresh = tuple(dict.fromkeys(key for _, key in out_keys
+                                    if key not in read and key not in inplace))
+        return RecordedCall(func, sargs, skwargs, out_keys, rng, index, fresh, tuple(inplace),
+                            frozenset(unversioned))
 
     def _recompute(self, rc: Recompute) -> None:
+        """Re-run the chain's recorded calls, and the in-place updates other calls made to the
+        storages the chain allocates, in their original order.
+
+        A recorded call read each argument as it was at the call; a storage updated in place
+        after that holds a later state now. Each storage's writes are numbered by call (fresh
+        outputs and in-place updates, `writes`), so every argument is read in the state the
+        call saw: the one this recomputation rebuilt (`env`) when it has reached that state,
+        else the storage itself when nothing wrote to it since the call. ResNet's bottleneck:
+        a chain that re-runs bn3 to rebuild its statistics must not hand its fresh output to
+        the next block's conv1, which read it after `out += identity` and the ReLU; a chain
+        that starts at an in-place SiLU whose input is kept must not apply it a second time.
+        A state that is gone raises ExecutorError (strict) or is read as it is
+        (`inplace_missed`)."""
         target: dict[int, int] = {}
         for t in rc.tensors:
             if self.state.get(t) != "dropped":
@@ -155,80 +222,157 @@ class Recomputation:
             st = self._storage(t)
             if st is not None:
                 target[self._key(st)] = t
-        env: dict[int, Any] = {}
+        env: dict[int, Any] = {}      # storage key -> the storage this recomputation rebuilt
+        at: dict[int, int] = {}       # ... and the call whose write it holds
+        what = f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})"
+
+        chain = sorted((c for op in rc.ops for c in self.recording.get(op, ())),
+                       key=lambda c: c.index)
+        if not chain:
+            return
+        in_chain = {c.index for c in chain}
+        first, last = chain[0].index, chain[-1].index
+        made: dict[int, int] = {}     # storages the chain allocates -> the call that does
+        for c in chain:
+            for key in c.fresh:
+                made.setdefault(key, c.index)
+        extra: dict[int, RecordedCall] = {}
+        for key in {*made, *target}:
+            since = made.get(key, first)
+            for m in self.mutations.get(key, ()):
+                if m.index > since and m.index not in in_chain \
+                        and (key in target or m.index < last):
+                    extra[m.index] = m
+
+        for call in sorted([*chain, *extra.values()], key=lambda c: c.index):
+            k = call.index
+            if k in in_chain and call.inplace and not call.fresh and all(
+                    key not in env and key not in target and self._final(key) == k
+                    and self._live(key) is not None for key in call.inplace):
+                continue  # an in-place update whose result the storage still holds
+            from_storage: set[int] = set()
+            try:
+                try:
+                    args, kwargs = self._resolve(call, env, at, target, from_storage, False)
+                except _Stale:
+                    if k in extra or self.strict:
+                        raise
+                    from_storage.clear()
+                    args, kwargs = self._resolve(call, env, at, target, from_storage, True)
+                    self.stats.inplace_missed += 1
+            except (_Gone, _Stale) as exc:
+                op = self.map.call_op[k]
+                if k not in extra:
+                    if isinstance(exc, _Gone):
+                        raise ExecutorError(f"recomputing {what}: {call.func} of op {op} reads "
+                                            "a tensor that is no longer on the GPU") from None
+                    raise ExecutorError(
+                        f"recomputing {what}: {call.func} of op {op} "
+                        f"({self.map.op_names[op]}) reads a tensor that a later op updated in "
+                        "place, and the chain does not rebuild the state it read; the plan "
+                        "cannot recompute the op (the chain must start before the tensor's "
+                        "producer, or the tensor must not be dropped)") from None
+                if not any(key in target for key in call.inplace):
+                    continue  # readers of the storage find its state kept, or fail themselves
+                if self.strict:
+                    raise ExecutorError(
+                        f"recomputing {what}: op {op} ({self.map.op_names[op]}) updated a "
+                        "rebuilt tensor in place after its producer, and re-running it "
+                        "needs a tensor that is no longer on the GPU; the plan cannot "
+                        "rebuild the tensor's final value (the chain must include the "
+                        "in-place ops, or the tensor must not be dropped)") from None
+                self.stats.inplace_missed += 1
+                continue
+            self._protect_mutated(call, args, kwargs, from_storage)
+            out = self._call(call, args, kwargs)
+            self.stats.recomputed_calls += 1
+            self.stats.inplace_rerun += k in extra
+            leaves, _ = tree_flatten(out)
+            for j, key in call.out_keys:
+                o = leaves[j]
+                ost = o.untyped_storage()
+                if env.get(key) is ost:
+                    if key in call.inplace:
+                        at[key] = k
+                    continue
+                ref = self.key_storage.get(key)
+                if ref is not None and ref() is ost and key not in target:
+                    continue  # a view of a storage read as it is
+                t_or_none = target.get(key)
+                if t_or_none is None:
+                    env[key], at[key] = ost, k
+                    continue
+                t = t_or_none
+                tst = self._storage(t)
+                if tst is None:
+                    continue
+                if tst.nbytes() == 0:
+                    n = self.nbytes[t]
+                    if ost.nbytes() == n and hasattr(tst, "_swap_data_ptr_"):
+                        tst._swap_data_ptr_(ost)
+                    else:
+                        tst.resize_(n)
+                        view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
+                            tst, o.storage_offset(), o.shape, o.stride())
+                        view.copy_(o)
+                    self.state[t] = "device"
+                env[key], at[key] = tst, k
+
+    def _state_before(self, key: int, k: int) -> int:
+        """The call whose write a storage held when call k read it (-1: none seen)."""
+        ws = self.writes.get(key, ())
+        i = bisect_left(ws, k)
+        return ws[i - 1] if i else -1
+
+    def _final(self, key: int) -> int:
+        ws = self.writes.get(key)
+        return ws[-1] if ws else -1
+
+    def _live(self, key: int) -> Any:
+        ref = self.key_storage.get(key)
+        st = ref() if ref is not None else None
+        return st if st is not None and st.nbytes() > 0 else None
+
+    def _resolve(self, call: RecordedCall, env: dict[int, Any], at: dict[int, int],
+                 target: dict[int, int], from_storage: set[int], loose: bool
+                 ) -> tuple[list[Any], dict[str, Any]]:
+        """The call's arguments, each in the state the call read (see `_recompute`):
+        `env`'s storage when it holds that state, else the storage itself when nothing wrote
+        to it since (added to `from_storage`). `loose`: a later state where the one read is
+        gone. _Gone: the storage is gone; _Stale: only a later state is left."""
+        k = call.index
 
         def resolve(r: Any) -> Any:
             if not isinstance(r, TensorRef):
                 return r
             st = env.get(r.key)
-            if st is None:
-                st = r.storage()
-                if st is None or (st.nbytes() == 0 and r.key not in target):
+            if st is None and r.key in target:
+                st = r.storage()  # the rebuilt tensor, before the chain makes it
+                if st is None:
                     raise _Gone
+            elif st is None or (at[r.key] != self._state_before(r.key, k)
+                                and r.key not in call.unversioned):
+                held = self._live(r.key)
+                if held is None:
+                    if st is None or not loose:
+                        raise _Gone
+                elif (self._final(r.key) == self._state_before(r.key, k) or loose
+                      or r.key in call.unversioned):
+                    st = held
+                    from_storage.add(r.key)
+                elif st is None or not loose:
+                    raise _Stale
             return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
                                                                        r.stride)
 
-        calls = [c for op in rc.ops for c in self.recording.get(op, ())]
-        first = min((c.index for c in calls), default=-1)
-        extra = {c.index: c for t in target.values() for c in self.modifiers.get(t, ())
-                 if c.index > first}
-        calls = sorted([*calls, *extra.values()], key=lambda c: c.index)
-        with torch.no_grad():
-            for call in calls:
-                try:
-                    args = list(tree_map(resolve, call.args))
-                    kwargs = dict(tree_map(resolve, call.kwargs))
-                except _Gone:
-                    op = self.map.call_op[call.index]
-                    what = (f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})")
-                    if call.index not in extra:
-                        raise ExecutorError(f"recomputing {what}: {call.func} of op {op} reads "
-                                            "a tensor that is no longer on the GPU") from None
-                    if self.strict:
-                        raise ExecutorError(
-                            f"recomputing {what}: op {op} ({self.map.op_names[op]}) updated a "
-                            "rebuilt tensor in place after its producer, and re-running it "
-                            "needs a tensor that is no longer on the GPU; the plan cannot "
-                            "rebuild the tensor's final value (the chain must include the "
-                            "in-place ops, or the tensor must not be dropped)") from None
-                    self.stats.inplace_missed += 1
-                    continue
-                self._protect_mutated(call, args, kwargs, env, target)
-                out = self._call(call, args, kwargs)
-                self.stats.recomputed_calls += 1
-                self.stats.inplace_rerun += call.index in extra
-                leaves, _ = tree_flatten(out)
-                for j, key in call.out_keys:
-                    o = leaves[j]
-                    ost = o.untyped_storage()
-                    if env.get(key) is ost:
-                        continue
-                    t_or_none = target.get(key)
-                    if t_or_none is None:
-                        env[key] = ost
-                        continue
-                    t = t_or_none
-                    tst = self._storage(t)
-                    if tst is None:
-                        continue
-                    if tst.nbytes() == 0:
-                        n = self.nbytes[t]
-                        if ost.nbytes() == n and hasattr(tst, "_swap_data_ptr_"):
-                            tst._swap_data_ptr_(ost)
-                        else:
-                            tst.resize_(n)
-                            view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
-                                tst, o.storage_offset(), o.shape, o.stride())
-                            view.copy_(o)
-                        self.state[t] = "device"
-                    env[key] = tst
+        return list(tree_map(resolve, call.args)), dict(tree_map(resolve, call.kwargs))
 
     @staticmethod
     def _protect_mutated(call: RecordedCall, args: list[Any], kwargs: dict[str, Any],
-                         env: dict[int, Any],
-                         target: dict[int, int]) -> None:
-        """Give arguments the call writes to but the chain does not produce (running
-        statistics) copies: the recomputation must not change state twice."""
+                         from_storage: set[int]) -> None:
+        """Give arguments the call writes to that were read from their storages as they are
+        (running statistics; in-place updates of kept tensors) copies: the recomputation must
+        not change state twice."""
         schema = getattr(call.func, "_schema", None)
         if schema is None:
             return
@@ -239,11 +383,11 @@ class Recomputation:
                 continue
             if i < len(call.args) and not a.kwarg_only:
                 ref = call.args[i]
-                if isinstance(ref, TensorRef) and ref.key not in env and ref.key not in target:
+                if isinstance(ref, TensorRef) and ref.key in from_storage:
                     args[i] = args[i].clone()
             elif a.name in call.kwargs:
                 ref = call.kwargs[a.name]
-                if isinstance(ref, TensorRef) and ref.key not in env and ref.key not in target:
+                if isinstance(ref, TensorRef) and ref.key in from_storage:
                     kwargs[a.name] = kwargs[a.name].clone()
 
     def _call(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:

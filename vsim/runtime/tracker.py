@@ -13,10 +13,17 @@ if TYPE_CHECKING:
     from .executor import Executor
 
 
+_RNG: dict[Any, bool] = {}
+
+
 def _uses_rng(func: Any) -> bool:
-    name = str(func)
-    return any(w in name for w in ("dropout", "bernoulli", "rand", "normal", "uniform",
-                                   "exponential", "multinomial"))
+    got = _RNG.get(func)
+    if got is None:
+        name = str(func)
+        got = _RNG[func] = any(w in name for w in (
+            "dropout", "bernoulli", "rand", "normal", "uniform", "exponential", "multinomial",
+            "geometric", "cauchy"))
+    return got
 
 
 class Tracker(TorchDispatchMode):
@@ -43,7 +50,8 @@ class Tracker(TorchDispatchMode):
         if op > ex.cur:
             ex.advance(op)
         rec = ex.recording.get(op)
-        rng = ex.rng_state() if rec is not None and _uses_rng(func) else None
+        track = rec is not None or op <= ex.track_until
+        rng = ex.rng_state() if track and _uses_rng(func) else None
         out = func(*args, **kwargs)
         watch = ex.watch.get(k)
         if watch:
@@ -51,7 +59,7 @@ class Tracker(TorchDispatchMode):
         if k in ex.constant_calls:
             ex.keep_constant(out)
         if rec is not None:
-            rec.append(ex.spec_call(func, args, kwargs, out, rng, k))
-        elif ex.rebuilt_storage:
-            ex.note_mutation(func, args, kwargs, out, k)
+            ex.record(rec, func, args, kwargs, out, rng, k)
+        elif track:
+            ex.note_mutation(func, args, kwargs, out, rng, k)
         return out
