@@ -130,6 +130,17 @@ class Segmenter:
             owner.append(-1 if fl is None else fl)
         self.slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
 
+    @classmethod
+    def of(cls, view: TraceView, retimes: Sequence[Retime] = ()) -> Segmenter:
+        """The view's Segmenter for these retimes, memoised on the view: the attempts of one
+        planning (every-k for each k, the DP for each budget) share its segment costs and
+        peaks."""
+        key = ("segmenter", tuple(retimes))
+        if key not in view.memo:
+            view.memo[key] = cls(view, retimes)
+        seg: Segmenter = view.memo[key]
+        return seg
+
     def last_use(self, t: int) -> int:
         """The op after which a dropped map goes: its last forward reader, else its producer."""
         last = self.view.last_fwd_reader(t)
@@ -397,7 +408,7 @@ class Checkpointing(FittedPolicy):
             return dataclasses.replace(keep, notes=(
                 *keep.notes, "recompute optimal: nothing needs recomputing (the plan without "
                 "recomputation fits as run)"))
-        n = Segmenter(view).n
+        n = Segmenter.of(view).n
         cands: list[tuple[str, PlanBuilder]] = [("the DP's segmentation", builder(self))]
         cands.append(("sqrt", builder(dataclasses.replace(self, strategy="sqrt"))))
         cands += [(f"every-k k={k}", builder(dataclasses.replace(self, strategy="every-k", k=k)))
@@ -441,7 +452,7 @@ class Checkpointing(FittedPolicy):
     def _every(self, a: Attempt) -> Plan:
         """every-k or sqrt: the segmentation ignores the capacity; only algo=auto's workspace
         fallback depends on it."""
-        seg = Segmenter(a.view, a.retimes)
+        seg = Segmenter.of(a.view, a.retimes)
         k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(max(seg.n, 1))))
         return self._fixed(seg, k, a.retime_notes)
 
@@ -470,7 +481,7 @@ class Checkpointing(FittedPolicy):
         step = 1
         for _ in range(8):
             retimes, rnotes = a.retimes, a.retime_notes
-            seg = Segmenter(view, retimes)
+            seg = Segmenter.of(view, retimes)
             if seg.n == 0:
                 return self._fixed(seg, 1, rnotes)
             cuts = self._cuts(seg, budget)
