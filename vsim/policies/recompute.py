@@ -81,6 +81,17 @@ def thin(front: list[tuple[int, float, int, int]], most: int
 
 
 @dataclass(frozen=True)
+class _Shape:
+    dropped: tuple[int, ...]
+    chain: tuple[int, ...]
+    before_op: int | None
+    kept_bytes: int
+    dropped_bytes: int
+    valid: bool
+    transient: frozenset[int]  # what the recomputation writes that is not on the device
+
+
+@dataclass(frozen=True)
 class SegmentCost:
     dropped: tuple[int, ...]
     chain: tuple[int, ...]
@@ -179,7 +190,17 @@ class Segmenter:
             self._cache[key] = self._cost(a, b)
         return self._cache[key]
 
-    def _cost(self, a: int, b: int) -> SegmentCost:
+    def _shape(self, a: int, b: int) -> _Shape:
+        """What a segment drops and keeps, and its recomputation: independent of the
+        convolutions' algorithms, so memoised on the view (shared by every Segmenter of it,
+        one per retime set)."""
+        shapes: dict[tuple[int, int], _Shape] = self.view.memo.setdefault("segment shapes", {})
+        key = (a, b)
+        if key not in shapes:
+            shapes[key] = self._new_shape(a, b)
+        return shapes[key]
+
+    def _new_shape(self, a: int, b: int) -> _Shape:
         view = self.view
         lo, hi = self.layers(a, b).start, self.layers(a, b).stop - 1
         produced = [t for i in range(lo, hi + 1) for t in self.produced[i]]
@@ -190,7 +211,7 @@ class Segmenter:
         kb = sum(view.tensor[t].size_bytes for t in kept)
         db = sum(view.tensor[t].size_bytes for t in dropped)
         if not dropped:
-            return SegmentCost((), (), None, kb, 0, 0, 0.0, True)
+            return _Shape((), (), None, kb, 0, True, frozenset())
         drop_set = set(dropped)
         before = min((n for t in dropped if (n := self.first_need[t]) is not None),
                      key=view.pos.__getitem__)
@@ -199,9 +220,26 @@ class Segmenter:
         chain = rebuild_chain(view, ops, dropped, slot)
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
-        transient = self.transient_bytes(chain, drop_set, slot)
-        us = sum(self.durs.get(o, view.op[o].dur_us) for o in chain)
-        return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid)
+        # what the recomputation allocates only while it runs (workspaces aside: per retimes)
+        transient = frozenset(
+            t for o in chain for t in view.op[o].writes
+            if t not in drop_set and not alive_in_trace(view, t, slot))
+        return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
+
+    def _cost(self, a: int, b: int) -> SegmentCost:
+        sh = self._shape(a, b)
+        if not sh.dropped:
+            return SegmentCost((), (), None, sh.kept_bytes, 0, 0, 0.0, True)
+        transient = self._transient(sh.transient)
+        us = sum(self.durs.get(o, self.view.op[o].dur_us) for o in sh.chain)
+        return SegmentCost(sh.dropped, sh.chain, sh.before_op, sh.kept_bytes, sh.dropped_bytes,
+                           transient, us, sh.valid)
+
+    def _transient(self, written: frozenset[int]) -> int:
+        view = self.view
+        return sum(view.tensor[t].size_bytes for t in written
+                   if not (view.tensor[t].kind == "workspace"
+                           and view.tensor[t].producer in self.no_workspace))
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
@@ -253,15 +291,32 @@ class Segmenter:
     def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
         key = (a, b, id(base))
         if key not in self._peaks:
-            self._peaks[key] = self._own_peak(a, b, base)
+            idx, own, rc = self._own_profile(a, b)
+            if not len(idx):
+                self._peaks[key] = 0
+            else:
+                prof = own + base[idx]
+                if rc is not None:
+                    prof[rc] += self.cost(a, b).transient_bytes
+                self._peaks[key] = int(prof.max())
         return self._peaks[key]
 
-    def _own_peak(self, a: int, b: int, base: np.ndarray) -> int:
-        """Highest bytes on the device while the segment's feature maps live: the profile
-        without feature maps (`base`) plus the segment's own maps, kept ones from their
-        allocation to their free, dropped ones until their drop and again from the
-        recomputation (with its transient intermediates)."""
-        view, c = self.view, self.cost(a, b)
+    def _own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """The segment's own maps over the slots that count for it (own_peak), as (slots, bytes
+        of its own maps there, index of the recomputation's slot among them or None):
+        independent of the algorithms, memoised on the view."""
+        memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int | None]] = \
+            self.view.memo.setdefault("segment profiles", {})
+        if (a, b) not in memo:
+            memo[(a, b)] = self._new_own_profile(a, b)
+        return memo[(a, b)]
+
+    def _new_own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Highest bytes on the device while the segment's feature maps live (own_peak): the
+        profile without feature maps (`base`) plus the segment's own maps, kept ones from
+        their allocation to their free, dropped ones until their drop and again from the
+        recomputation (with its transient intermediates). Here: the own maps' part."""
+        view, c = self.view, self._shape(a, b)
         layers = self.layers(a, b)
         ops = [o for i in layers for o in view.fwd[i].ops]
         produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
@@ -282,15 +337,16 @@ class Segmenter:
             else:
                 own[a0] += size
                 own[f0] -= size
-        prof = np.cumsum(own)[:-1] + base[lo:hi]
+        prof = np.cumsum(own)[:-1]
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
         lay = self.slot_layer[lo:hi]
         mask = (lay >= layers.start) & (lay < layers.stop)
         if rc is not None:
-            prof[rc - lo] += c.transient_bytes
             mask[rc - lo] = True
-        return int(prof[mask].max()) if mask.any() else 0
+        idx = np.nonzero(mask)[0]
+        at = None if rc is None else int(np.searchsorted(idx, rc - lo))
+        return idx + lo, prof[idx], at
 
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
