@@ -488,13 +488,19 @@ class Checkpointing(FittedPolicy):
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
                 best = (us, what, plan)
-        for rc_us, what, b, plan in plans:
-            if hopeless(rc_us) or judge.time_if_fits(plan) is not None:
-                continue
-            fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=False)
-            us = judge.time_if_fits(fitted)
-            if us is not None and (best is None or us < best[0]):
-                best = (us, what, fitted)
+        # Then each one's profiling loop, and last its escalation (a ladder of budgets and a
+        # bisection, fitted.fit_by_profiling), as the candidate's own policy would run them:
+        # so optimal fits whenever sqrt or an every-k fits by its own loop and escalation. (The
+        # DP's own escalation runs below, only when nothing else fits.)
+        for escalate in (False, True):
+            for rc_us, what, b, plan in plans:
+                if hopeless(rc_us) or judge.time_if_fits(plan) is not None or \
+                        (escalate and b is cands[0][1]):
+                    continue
+                fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)
+                us = judge.time_if_fits(fitted)
+                if us is not None and (best is None or us < best[0]):
+                    best = (us, what, fitted)
         if best is None:
             plan = fit_with_notes(judge, trace, hw, capacity_bytes, cands[0][1])
             return dataclasses.replace(plan, notes=(
