@@ -34,6 +34,7 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -357,25 +358,30 @@ class Segmenter:
         # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
         fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
             [[] for _ in range(n)]
+        # each front's bytes, ascending: the points that fit with a segment are a prefix
+        front_bytes: list[list[int]] = [[0]] + [[] for _ in range(n)]
         for j in range(1, len(grid)):
             b = grid[j]
-            options = []
+            options: list[tuple[int, float, int, int]] = []
             for a in grid[max(0, j - self.max_len):j]:
                 if not fronts[a]:
                     continue
+                peak = self.own_peak(a, b, base)
+                k = bisect.bisect_right(front_bytes[a], budget - peak)
+                if not k:
+                    continue
                 c = self.cost(a, b)
                 rc = c.recompute_us if c.valid else 0.0
-                peak = self.own_peak(a, b, base)
                 kept = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
-                for idx, (before, t, _, _) in enumerate(fronts[a]):
-                    if before + peak <= budget:
-                        options.append((before + kept, t + rc, a, idx))
+                options += [(before + kept, t + rc, a, idx)
+                            for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
             options.sort(key=lambda o: (o[0], o[1]))
             front: list[tuple[int, float, int, int]] = []
             for o in options:
                 if not front or o[1] < front[-1][1]:
                     front.append(o)
             fronts[b] = thin(front, FRONT_POINTS)
+            front_bytes[b] = [p[0] for p in fronts[b]]
         if not fronts[n]:
             return None
         best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
