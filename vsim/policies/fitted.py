@@ -146,9 +146,11 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
                            f"{ESCALATION_LADDER} budgets between it and {top} B fit "
                            f"({judge.runs} profiling run(s)); this is the plan for the full "
                            f"capacity"]
+    # Down to 1/2**ESCALATION_STEPS of the range: from a rung of the ladder, 4 steps.
+    resolution = max(1, top >> ESCALATION_STEPS)
     for _ in range(ESCALATION_STEPS):
         mid = (lo + hi) // 2
-        if mid <= lo:
+        if mid <= lo or hi - lo <= resolution:
             break
         p = build(mid, forced)
         if judge(p)["fits"]:
