@@ -48,6 +48,7 @@ from ..plan import Recompute as RecomputeAction
 from ..spec import choice
 from ..trace.schema import Trace
 from ..units import format_size
+from ..workspace_free import memory_optimal_retimes
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes
 from .layers import TraceView
@@ -481,6 +482,15 @@ class Checkpointing(FittedPolicy):
         floor = self._free_time(run_plan, trace, hw, capacity_bytes)
         plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
                         for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
+        # sqrt and every-k drop the same maps at every budget (only workspaces change): one
+        # whose static profile exceeds the capacity even with every convolution's workspace
+        # away cannot fit at any budget (the engine holds at least the trace's live tensors
+        # less the dropped ones), so neither it, nor its profiling loop, nor its escalation
+        # is run. (The DP's segmentation changes with the budget: always run.)
+        lean = Segmenter.of(view, memory_optimal_retimes(trace, hw)[0])
+        plans = [c for c in plans if c[2] is cands[0][1] or
+                 lean.usage([a for a in c[3].actions if isinstance(a, (Drop, RecomputeAction))]
+                            ).peak <= capacity_bytes]
         best: tuple[float, str, Plan] | None = None
         pruned = 0
 
