@@ -314,8 +314,11 @@ def test_hybrid_recomputes_when_it_is_cheaper_than_the_exposed_swap():
     # - y0 (t2, 400 MB): 31 ms each way, 18.5 ms exposed; re-running conv0 + relu1 costs
     #   10.5 ms -> recomputed before conv2's backward (op 15), and the swapped input it reads
     #   comes back for that recomputation rather than for conv0's backward (op 17).
+    # Planned for the vDNN paper's framework (cnmem: the exact allocator judges its profiling
+    # run); judged by PyTorch's caching allocator this plan does not fit, and the escalation
+    # finds one for a lower budget that evicts more (fitted.ESCALATION_LADDER).
     hw = load_hardware("titan-x-maxwell")
-    p = make_policy("hybrid").plan(NET, hw, 1500 * M)
+    p = make_policy("hybrid").plan_with(NET, hw, 1500 * M, planning_runner(EXACT))
     assert of(p.actions, Drop) == [Drop(2, 2), Drop(7, 5)]
     assert of(p.actions, Recompute) == [Recompute((0, 1), 15, (2,)), Recompute((4,), 12, (7,))]
     assert {a.tensor for a in of(p.actions, Offload)} == {0, 8}

@@ -292,3 +292,52 @@ def test_local_search_from_a_built_in_plan_is_never_worse_than_that_plan():
     # A plan in the search's terms and back: the same actions.
     p = Problem(NET, H100, capacity, EXACT)
     assert p.plan(p.genome_of(r.plan)) == p.plan(r.genome)
+
+
+CACHING = make_allocator("caching")
+
+
+@pytest.mark.parametrize("allocator", [EXACT, CACHING], ids=["exact", "caching"])
+def test_search_fits_where_a_built_in_fits_never_slower_and_reports_its_bound_gap(
+        allocator, tmp_path):
+    # Built-ins are planned and run as `vsim run` does (engine.simulate on the run's
+    # allocator), so the best of them is what `vsim run --policy` would report; the search is
+    # judged the same way and is never slower.
+    from vsim.search.run import run_search
+    capacity = 1300 * M
+    trace_path = tmp_path / "net.vsim.json.gz"
+    save_trace(NET, trace_path)
+    out = run_search(NET, str(trace_path), H100, capacity, allocator, budget_s=60, kicks=1)
+    best = out["best_builtin"]
+    assert best is not None
+    ran = simulate(NET, H100, make_policy(best["policy"]), allocator, capacity).report
+    assert ran["fits"] and ran["iteration_time_us"] == pytest.approx(best["iteration_time_us"])
+    s = out["search"]
+    assert s["fits"] and s["report"]["fits"]
+    assert s["iteration_time_us"] == pytest.approx(s["report"]["iteration_time_us"])
+    assert s["iteration_time_us"] <= best["iteration_time_us"] + 1e-6
+    assert s["bound_gap"] == pytest.approx(s["iteration_time_us"] / out["bound"]["bound_us"] - 1)
+    assert s["recompute_bound_gap"] == pytest.approx(
+        s["iteration_time_us"] / out["bound"]["recompute_bound_us"] - 1)
+    assert s["recompute_bound_gap"] >= 0
+
+
+def test_search_returns_the_best_built_in_plan_when_its_own_does_not_fit(tmp_path):
+    # A budget too short for the greedy start to fit, no built-in starts: the plan returned is
+    # the fastest fitting built-in's, saved and run as such.
+    from vsim.search.run import run_search
+    capacity = 1300 * M
+    trace_path = tmp_path / "net.vsim.json.gz"
+    save_trace(NET, trace_path)
+    out = run_search(NET, str(trace_path), H100, capacity, EXACT, budget_s=1e-6, kicks=0,
+                     builtin_starts=False, output=str(tmp_path / "plan.json"))
+    s, best = out["search"], out["best_builtin"]
+    assert s["search_iteration_time_us"] is None
+    assert s["origin"] == f"builtin:{best['policy']}"
+    assert s["fits"] and s["iteration_time_us"] == pytest.approx(best["iteration_time_us"])
+    assert s["report"]["fits"] and s["report"]["policy"].startswith("plan:file=")
+    assert s["bound_gap"] is not None
+    text = main(["search", str(trace_path), "--hw", "h100-sxm", "--memory", "1300MB",
+                 "--budget", "0.000001", "--kicks", "0", "--no-builtin-starts",
+                 "--allocator", "exact"])
+    assert text == 0

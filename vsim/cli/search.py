@@ -109,7 +109,11 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
                      f"{s['workspace_free_convolutions']} convolution(s) without workspace")
     g = s["greedy_iteration_time_us"]
     lines.append(f"greedy start   {format_time(g) if g is not None else 'did not fit':>10}")
-    if s["origin"] != "greedy":
+    if s["origin"].startswith("builtin:"):
+        own = s["search_iteration_time_us"]
+        lines.append(f"  the plan is {s['origin'][8:]}'s: the local search's own plan "
+                     + (f"took {format_time(own)}" if own is not None else "did not fit"))
+    elif s["origin"] != "greedy":
         fg = s["from_greedy_iteration_time_us"]
         lines.append(f"  the search's plan came from {s['origin']}'s plan; from the greedy "
                      f"start alone: {format_time(fg) if fg is not None else 'did not fit'}")
@@ -126,6 +130,9 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
         lines.append("  (the search is below it: recomputation takes bytes off without the link)")
     lines.append(f"  with recomputation {format_time(bound['recompute_bound_us'])}"
                  f"{vs(bound['recompute_bound_us'])}")
+    if s["bound_gap"] is not None:
+        lines.append(f"gap to bound   {s['bound_gap'] * 100:+.2f}% (with recomputation "
+                     f"{s['recompute_bound_gap'] * 100:+.2f}%)")
     if not bound["can_fit"]:
         lines.append(f"no plan can fit: op {bound['least_working_set_op']} needs "
                      f"{format_size(bound['least_working_set_bytes'])} even with every saved "

@@ -63,6 +63,9 @@ def fit_with_notes(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capaci
 
 ESCALATION_STEPS = 7
 """Bisection steps over the budget when the profiling loop finds no plan that fits."""
+ESCALATION_LADDER = 7
+"""Budgets tried (evenly between 0 and the last budget tried) when the plan for budget 0 does
+not fit either."""
 
 
 def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
@@ -80,8 +83,11 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     its own rules and the first plan is returned with a note saying so (`escalate` False: no
     escalation, the first plan with a note); otherwise a bisection
     over the budget between 0 and the last budget tried (a lower budget evicts more) returns
-    the plan for the highest budget found to fit. Every run is judged as the run the plan is
-    for will be (`check`). Deterministic. Returns the plan and notes."""
+    the plan for the highest budget found to fit. When the plan for budget 0 does not fit,
+    ESCALATION_LADDER budgets evenly between 0 and the last budget tried are tried, highest
+    first, before giving up; the bisection then starts from the first that fits. Every run is
+    judged as the run the plan is for will be (`check`). Deterministic. Returns the plan and
+    notes."""
     judge = run_plan if isinstance(run_plan, Judge) else \
         Judge(run_plan, trace, hw, capacity_bytes)
     budget = capacity_bytes
@@ -117,15 +123,34 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     if not escalate:
         return first, [f"no plan found that fits {capacity_bytes} B in {runs} profiling run(s)"]
     # Escalation: the most eviction the policy's rules allow, then bisection over the budget.
+    top = max(1, min(budget, capacity_bytes))
     most = build(0, forced)
+    lo, hi, best = 0, top, most
     if not judge(most)["fits"]:
-        return first, [f"cannot fit {capacity_bytes} B by its own rules: even its plan with the "
-                       f"most eviction (planned for 0 B) runs out of memory ({judge.runs} "
-                       f"profiling run(s)); this is the plan for the full capacity"]
-    lo, hi, best = 0, max(1, min(budget, capacity_bytes)), most
+        # The plan for budget 0 is not always the likeliest to fit: a planner may fall back
+        # below some budget (recompute optimal's DP to sqrt), and the caching allocator's
+        # fragmentation or prefetches issued early can sink the plan with the most eviction
+        # while a milder one fits (gpt2-medium, 2048 tokens at 24 GiB: the DP's plans for
+        # 0.6..0.85 of the capacity fit, for 0 and 0.9 not). A ladder of budgets, highest
+        # first, finds a budget that fits; the bisection then climbs from it.
+        for step in range(ESCALATION_LADDER, 0, -1):
+            mid = top * step // (ESCALATION_LADDER + 1)
+            p = build(mid, forced)
+            if judge(p)["fits"]:
+                lo, best = mid, p
+                break
+            hi = mid
+        else:
+            return first, [f"cannot fit {capacity_bytes} B by its own rules: neither its plan "
+                           f"with the most eviction (planned for 0 B) nor those for "
+                           f"{ESCALATION_LADDER} budgets between it and {top} B fit "
+                           f"({judge.runs} profiling run(s)); this is the plan for the full "
+                           f"capacity"]
+    # Down to 1/2**ESCALATION_STEPS of the range: from a rung of the ladder, 4 steps.
+    resolution = max(1, top >> ESCALATION_STEPS)
     for _ in range(ESCALATION_STEPS):
         mid = (lo + hi) // 2
-        if mid <= lo:
+        if mid <= lo or hi - lo <= resolution:
             break
         p = build(mid, forced)
         if judge(p)["fits"]:

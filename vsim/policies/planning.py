@@ -40,18 +40,8 @@ def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, bu
     retimes, notes = memory_optimal_retimes(trace, hw)
     if algo == "memory":
         return retimes, notes
-    usage = Usage(view)
-    keep = []
-    for r in retimes:
-        op = view.op[r.op]
-        if not any(view.tensor[t].kind == "workspace" for t in op.writes):
-            continue
-        slot = view.start(r.op)
-        touched = set(op.reads) | set(op.writes)
-        movable = sum(view.tensor[t].size_bytes for t in view.saved
-                      if t not in touched and alive_in_trace(view, t, slot))
-        if int(usage.bytes[slot]) - movable > budget or r.op in forced:
-            keep.append(r)
+    least = least_working_sets(view, [r.op for r in retimes])
+    keep = [r for r in retimes if r.op in least and (least[r.op] > budget or r.op in forced)]
     if not keep:
         return [], []
     names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
@@ -62,6 +52,29 @@ def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, bu
     if how["estimated"]:
         out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
     return keep, out
+
+
+def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
+    """Per op of `ops` that writes a workspace: what the device must hold while it runs with
+    it, whatever is moved away (the trace's bytes then, less the saved feature maps it neither
+    reads nor writes). Independent of the budget: memoised on the view (algo=auto asks it for
+    every budget a profiling loop tries)."""
+    ops = list(ops)
+    memo: dict[int, int] = view.memo.setdefault("least_working_sets", {})
+    todo = [o for o in ops if o not in memo]
+    if todo:
+        usage = Usage(view)
+        for o in todo:
+            op = view.op[o]
+            if not any(view.tensor[t].kind == "workspace" for t in op.writes):
+                memo[o] = -1
+                continue
+            slot = view.start(o)
+            touched = set(op.reads) | set(op.writes)
+            movable = sum(view.tensor[t].size_bytes for t in view.saved
+                          if t not in touched and alive_in_trace(view, t, slot))
+            memo[o] = int(usage.bytes[slot]) - movable
+    return {o: memo[o] for o in ops if memo[o] >= 0}
 
 
 class Usage:
@@ -230,16 +243,18 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     read when it is no longer on the device at `slot` (by the trace, or because it is in `gone`:
     dropped by the plan though the trace still holds it)."""
     ops = list(ops)
+    among = set(ops)
     gone = set(gone)
     needed = set(targets)
     chosen: list[int] = []
     for o in reversed(ops):
         op = view.op[o]
-        if needed & set(op.writes) or needed & view.modifies.get(o, frozenset()):
+        if not needed.isdisjoint(op.writes) or \
+                not needed.isdisjoint(view.modifies.get(o, frozenset())):
             chosen.append(o)
             for t in op.reads:
                 producer = view.tensor[t].producer
-                if producer in ops and (t in gone or not alive_in_trace(view, t, slot)):
+                if producer in among and (t in gone or not alive_in_trace(view, t, slot)):
                     needed.add(t)
     return tuple(reversed(chosen))
 

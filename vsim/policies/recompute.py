@@ -34,6 +34,7 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from ..plan import Recompute as RecomputeAction
 from ..spec import choice
 from ..trace.schema import Trace
 from ..units import format_size
+from ..workspace_free import memory_optimal_retimes
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes
 from .layers import TraceView
@@ -78,6 +80,17 @@ def thin(front: list[tuple[int, float, int, int]], most: int
         else:
             out.append(p)
     return out
+
+
+@dataclass(frozen=True)
+class _Shape:
+    dropped: tuple[int, ...]
+    chain: tuple[int, ...]
+    before_op: int | None
+    kept_bytes: int
+    dropped_bytes: int
+    valid: bool
+    transient: frozenset[int]  # what the recomputation writes that is not on the device
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,17 @@ class Segmenter:
             owner.append(-1 if fl is None else fl)
         self.slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
 
+    @classmethod
+    def of(cls, view: TraceView, retimes: Sequence[Retime] = ()) -> Segmenter:
+        """The view's Segmenter for these retimes, memoised on the view: the attempts of one
+        planning (every-k for each k, the DP for each budget) share its segment costs and
+        peaks."""
+        key = ("segmenter", tuple(retimes))
+        if key not in view.memo:
+            view.memo[key] = cls(view, retimes)
+        seg: Segmenter = view.memo[key]
+        return seg
+
     def last_use(self, t: int) -> int:
         """The op after which a dropped map goes: its last forward reader, else its producer."""
         last = self.view.last_fwd_reader(t)
@@ -168,7 +192,17 @@ class Segmenter:
             self._cache[key] = self._cost(a, b)
         return self._cache[key]
 
-    def _cost(self, a: int, b: int) -> SegmentCost:
+    def _shape(self, a: int, b: int) -> _Shape:
+        """What a segment drops and keeps, and its recomputation: independent of the
+        convolutions' algorithms, so memoised on the view (shared by every Segmenter of it,
+        one per retime set)."""
+        shapes: dict[tuple[int, int], _Shape] = self.view.memo.setdefault("segment shapes", {})
+        key = (a, b)
+        if key not in shapes:
+            shapes[key] = self._new_shape(a, b)
+        return shapes[key]
+
+    def _new_shape(self, a: int, b: int) -> _Shape:
         view = self.view
         lo, hi = self.layers(a, b).start, self.layers(a, b).stop - 1
         produced = [t for i in range(lo, hi + 1) for t in self.produced[i]]
@@ -179,7 +213,7 @@ class Segmenter:
         kb = sum(view.tensor[t].size_bytes for t in kept)
         db = sum(view.tensor[t].size_bytes for t in dropped)
         if not dropped:
-            return SegmentCost((), (), None, kb, 0, 0, 0.0, True)
+            return _Shape((), (), None, kb, 0, True, frozenset())
         drop_set = set(dropped)
         before = min((n for t in dropped if (n := self.first_need[t]) is not None),
                      key=view.pos.__getitem__)
@@ -188,9 +222,26 @@ class Segmenter:
         chain = rebuild_chain(view, ops, dropped, slot)
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
-        transient = self.transient_bytes(chain, drop_set, slot)
-        us = sum(self.durs.get(o, view.op[o].dur_us) for o in chain)
-        return SegmentCost(tuple(dropped), chain, before, kb, db, transient, us, valid)
+        # what the recomputation allocates only while it runs (workspaces aside: per retimes)
+        transient = frozenset(
+            t for o in chain for t in view.op[o].writes
+            if t not in drop_set and not alive_in_trace(view, t, slot))
+        return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
+
+    def _cost(self, a: int, b: int) -> SegmentCost:
+        sh = self._shape(a, b)
+        if not sh.dropped:
+            return SegmentCost((), (), None, sh.kept_bytes, 0, 0, 0.0, True)
+        transient = self._transient(sh.transient)
+        us = sum(self.durs.get(o, self.view.op[o].dur_us) for o in sh.chain)
+        return SegmentCost(sh.dropped, sh.chain, sh.before_op, sh.kept_bytes, sh.dropped_bytes,
+                           transient, us, sh.valid)
+
+    def _transient(self, written: frozenset[int]) -> int:
+        view = self.view
+        return sum(view.tensor[t].size_bytes for t in written
+                   if not (view.tensor[t].kind == "workspace"
+                           and view.tensor[t].producer in self.no_workspace))
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
@@ -242,15 +293,32 @@ class Segmenter:
     def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
         key = (a, b, id(base))
         if key not in self._peaks:
-            self._peaks[key] = self._own_peak(a, b, base)
+            idx, own, rc = self._own_profile(a, b)
+            if not len(idx):
+                self._peaks[key] = 0
+            else:
+                prof = own + base[idx]
+                if rc is not None:
+                    prof[rc] += self.cost(a, b).transient_bytes
+                self._peaks[key] = int(prof.max())
         return self._peaks[key]
 
-    def _own_peak(self, a: int, b: int, base: np.ndarray) -> int:
-        """Highest bytes on the device while the segment's feature maps live: the profile
-        without feature maps (`base`) plus the segment's own maps, kept ones from their
-        allocation to their free, dropped ones until their drop and again from the
-        recomputation (with its transient intermediates)."""
-        view, c = self.view, self.cost(a, b)
+    def _own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """The segment's own maps over the slots that count for it (own_peak), as (slots, bytes
+        of its own maps there, index of the recomputation's slot among them or None):
+        independent of the algorithms, memoised on the view."""
+        memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int | None]] = \
+            self.view.memo.setdefault("segment profiles", {})
+        if (a, b) not in memo:
+            memo[(a, b)] = self._new_own_profile(a, b)
+        return memo[(a, b)]
+
+    def _new_own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Highest bytes on the device while the segment's feature maps live (own_peak): the
+        profile without feature maps (`base`) plus the segment's own maps, kept ones from
+        their allocation to their free, dropped ones until their drop and again from the
+        recomputation (with its transient intermediates). Here: the own maps' part."""
+        view, c = self.view, self._shape(a, b)
         layers = self.layers(a, b)
         ops = [o for i in layers for o in view.fwd[i].ops]
         produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
@@ -271,15 +339,16 @@ class Segmenter:
             else:
                 own[a0] += size
                 own[f0] -= size
-        prof = np.cumsum(own)[:-1] + base[lo:hi]
+        prof = np.cumsum(own)[:-1]
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
         lay = self.slot_layer[lo:hi]
         mask = (lay >= layers.start) & (lay < layers.stop)
         if rc is not None:
-            prof[rc - lo] += c.transient_bytes
             mask[rc - lo] = True
-        return int(prof[mask].max()) if mask.any() else 0
+        idx = np.nonzero(mask)[0]
+        at = None if rc is None else int(np.searchsorted(idx, rc - lo))
+        return idx + lo, prof[idx], at
 
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
@@ -290,25 +359,30 @@ class Segmenter:
         # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
         fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
             [[] for _ in range(n)]
+        # each front's bytes, ascending: the points that fit with a segment are a prefix
+        front_bytes: list[list[int]] = [[0]] + [[] for _ in range(n)]
         for j in range(1, len(grid)):
             b = grid[j]
-            options = []
+            options: list[tuple[int, float, int, int]] = []
             for a in grid[max(0, j - self.max_len):j]:
                 if not fronts[a]:
                     continue
+                peak = self.own_peak(a, b, base)
+                k = bisect.bisect_right(front_bytes[a], budget - peak)
+                if not k:
+                    continue
                 c = self.cost(a, b)
                 rc = c.recompute_us if c.valid else 0.0
-                peak = self.own_peak(a, b, base)
                 kept = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
-                for idx, (before, t, _, _) in enumerate(fronts[a]):
-                    if before + peak <= budget:
-                        options.append((before + kept, t + rc, a, idx))
+                options += [(before + kept, t + rc, a, idx)
+                            for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
             options.sort(key=lambda o: (o[0], o[1]))
             front: list[tuple[int, float, int, int]] = []
             for o in options:
                 if not front or o[1] < front[-1][1]:
                     front.append(o)
             fronts[b] = thin(front, FRONT_POINTS)
+            front_bytes[b] = [p[0] for p in fronts[b]]
         if not fronts[n]:
             return None
         best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
@@ -397,7 +471,7 @@ class Checkpointing(FittedPolicy):
             return dataclasses.replace(keep, notes=(
                 *keep.notes, "recompute optimal: nothing needs recomputing (the plan without "
                 "recomputation fits as run)"))
-        n = Segmenter(view).n
+        n = Segmenter.of(view).n
         cands: list[tuple[str, PlanBuilder]] = [("the DP's segmentation", builder(self))]
         cands.append(("sqrt", builder(dataclasses.replace(self, strategy="sqrt"))))
         cands += [(f"every-k k={k}", builder(dataclasses.replace(self, strategy="every-k", k=k)))
@@ -408,6 +482,15 @@ class Checkpointing(FittedPolicy):
         floor = self._free_time(run_plan, trace, hw, capacity_bytes)
         plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
                         for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
+        # sqrt and every-k drop the same maps at every budget (only workspaces change): one
+        # whose static profile exceeds the capacity even with every convolution's workspace
+        # away cannot fit at any budget (the engine holds at least the trace's live tensors
+        # less the dropped ones), so neither it, nor its profiling loop, nor its escalation
+        # is run. (The DP's segmentation changes with the budget: always run.)
+        lean = Segmenter.of(view, memory_optimal_retimes(trace, hw)[0])
+        plans = [c for c in plans if c[2] is cands[0][1] or
+                 lean.usage([a for a in c[3].actions if isinstance(a, (Drop, RecomputeAction))]
+                            ).peak <= capacity_bytes]
         best: tuple[float, str, Plan] | None = None
         pruned = 0
 
@@ -421,13 +504,19 @@ class Checkpointing(FittedPolicy):
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
                 best = (us, what, plan)
-        for rc_us, what, b, plan in plans:
-            if hopeless(rc_us) or judge.time_if_fits(plan) is not None:
-                continue
-            fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=False)
-            us = judge.time_if_fits(fitted)
-            if us is not None and (best is None or us < best[0]):
-                best = (us, what, fitted)
+        # Then each one's profiling loop, and last its escalation (a ladder of budgets and a
+        # bisection, fitted.fit_by_profiling), as the candidate's own policy would run them:
+        # so optimal fits whenever sqrt or an every-k fits by its own loop and escalation. (The
+        # DP's own escalation runs below, only when nothing else fits.)
+        for escalate in (False, True):
+            for rc_us, what, b, plan in plans:
+                if hopeless(rc_us) or judge.time_if_fits(plan) is not None or \
+                        (escalate and b is cands[0][1]):
+                    continue
+                fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)
+                us = judge.time_if_fits(fitted)
+                if us is not None and (best is None or us < best[0]):
+                    best = (us, what, fitted)
         if best is None:
             plan = fit_with_notes(judge, trace, hw, capacity_bytes, cands[0][1])
             return dataclasses.replace(plan, notes=(
@@ -441,7 +530,7 @@ class Checkpointing(FittedPolicy):
     def _every(self, a: Attempt) -> Plan:
         """every-k or sqrt: the segmentation ignores the capacity; only algo=auto's workspace
         fallback depends on it."""
-        seg = Segmenter(a.view, a.retimes)
+        seg = Segmenter.of(a.view, a.retimes)
         k = self.k if self.strategy == "every-k" else max(1, round(math.sqrt(max(seg.n, 1))))
         return self._fixed(seg, k, a.retime_notes)
 
@@ -470,7 +559,7 @@ class Checkpointing(FittedPolicy):
         step = 1
         for _ in range(8):
             retimes, rnotes = a.retimes, a.retime_notes
-            seg = Segmenter(view, retimes)
+            seg = Segmenter.of(view, retimes)
             if seg.n == 0:
                 return self._fixed(seg, 1, rnotes)
             cuts = self._cuts(seg, budget)

@@ -22,8 +22,10 @@ and whether an allocation that does not fit waits for offloads in flight
 them longer (planning.liveness_releases).
 
 **Cost model**: one simulated iteration (vsim.engine.run_plan, the run's allocator) per
-genome, cached. Feasible = no out of memory and no PlanError; the objective is the iteration
-time.
+genome, cached, run as `vsim run` runs it: under an allocator that models PyTorch's (caching),
+after a first iteration and with the workspace fallback (issue 14; before, neither, and on
+resnet50-b64 at 4 GiB the search's best plan then ran out of memory as run). Feasible = no
+out of memory and no PlanError; the objective is the iteration time.
 
 **1. Greedy start** (local.greedy). From "keep everything; only the convolutions that cannot fit
 their workspace in any plan run without it" (bound.forced_workspace_free): simulate; where it runs
