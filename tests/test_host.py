@@ -98,3 +98,26 @@ def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) 
     untracked = HostClock(trace, m, False, index)
     untracked.recompute(trace.ops[0])
     assert untracked.ready_us(3) == 13.0
+
+
+def test_runtime_cost_can_be_switched_off() -> None:
+    """`simulate(runtime_cost=False)` (vsim run/validate --no-runtime-cost) predicts an ideal
+    runtime: none of vsim's runtime's host costs, so never slower than the measured runtime's
+    prediction, and slower on a host-bound model with a plan full of actions."""
+    import time
+
+    from vsim.allocator import make_allocator
+    from vsim.engine import simulate
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    t0 = time.perf_counter()
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    runs = {cost: simulate(trace, hw, make_policy("superneurons"), make_allocator("caching"),
+                           6 << 30, runtime_cost=cost).report["iteration_time_us"]
+            for cost in (None, False)}
+    assert runs[None] > runs[False] * 1.5  # 69 ms against 29 ms
+    assert time.perf_counter() - t0 < 30
