@@ -69,3 +69,55 @@ def test_the_executors_tracker_adds_its_cost_per_op_on_top_of_the_bounded_issue(
     assert [HostClock(trace, m, tracked=True).ready_us(i) for i in range(4)] == \
         [5.0, 11.0, 17.0, 23.0]
     assert load_host_model("h100-sxm").tracker_us_per_op > 0  # type: ignore[union-attr]
+
+
+def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) -> None:
+    """executor.copy_us per offload/prefetch (before the op for those at it, after it for
+    offloads after it) and free_us per release/drop (after the op) delay the host's issue of
+    the ops that follow, only in a tracked run (vsim's runtime; an ideal runtime pays none); a
+    recomputed op costs recompute_call_us instead of its forward host cost when tracked."""
+    from vsim.engine.hostclock import HostClock
+    from vsim.plan import Drop, Offload, Plan, PlanIndex, Prefetch, Release
+
+    f = tmp_path / "m.yaml"
+    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\n"
+                 "executor: {copy_us: 100.0, free_us: 7.0, recompute_call_us: 3.0}\n")
+    m = read_host_model(f)
+    assert (m.copy_us, m.free_us, m.recompute_call_us) == (100.0, 7.0, 3.0)
+    trace = Trace(meta={"source": "measured"}, tensors=(),
+                  ops=tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
+    index = PlanIndex(Plan(actions=(Offload(tensor=1, at_op=1, after=True),
+                                    Release(tensor=2, after_op=1), Drop(tensor=3, after_op=1),
+                                    Prefetch(tensor=1, at_op=3, needed_by=3))))
+    assert [HostClock(trace, m, False, index).ready_us(i) for i in range(4)] == \
+        [0.0, 1.0, 2.0, 3.0]
+    clock = HostClock(trace, m, True, index)
+    assert [clock.ready_us(i) for i in range(4)] == [0.0, 1.0, 116.0, 217.0]
+    clock.recompute(trace.ops[0])
+    assert clock.ready_us(3) == 220.0
+    untracked = HostClock(trace, m, False, index)
+    untracked.recompute(trace.ops[0])
+    assert untracked.ready_us(3) == 13.0
+
+
+def test_runtime_cost_can_be_switched_off() -> None:
+    """`simulate(runtime_cost=False)` (vsim run/validate --no-runtime-cost) predicts an ideal
+    runtime: none of vsim's runtime's host costs, so never slower than the measured runtime's
+    prediction, and slower on a host-bound model with a plan full of actions."""
+    import time
+
+    from vsim.allocator import make_allocator
+    from vsim.engine import simulate
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    t0 = time.perf_counter()
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    runs = {cost: simulate(trace, hw, make_policy("superneurons"), make_allocator("caching"),
+                           6 << 30, runtime_cost=cost).report["iteration_time_us"]
+            for cost in (None, False)}
+    assert runs[None] > runs[False] * 1.5  # 69 ms against 29 ms
+    assert time.perf_counter() - t0 < 30

@@ -61,6 +61,12 @@ class HostModel:
     # that sees every aten call (the Tracker): host time per trace op on top of PyTorch's, from
     # the `*-tracked` runs (validation/host/fit_tracker.py). 0: not probed.
     tracker_us_per_op: float = 0.0
+    # The executor's own host work per action (validation/host/fit_executor.py): per offload or
+    # prefetch issued, per release or drop, per recomputed aten call (its replay, issue
+    # included). Like the tracker, costs of vsim's Python runtime, paid only in its runs.
+    copy_us: float = 0.0
+    free_us: float = 0.0
+    recompute_call_us: float = 0.0
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def op_us(self, op: Op) -> float:
@@ -128,4 +134,8 @@ def read_host_model(path: Path) -> HostModel:
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),
                      tracker_us_per_op=us(executor.get("tracker_us_per_op", 0.0),
-                                          "executor.tracker_us_per_op"))
+                                          "executor.tracker_us_per_op"),
+                     copy_us=us(executor.get("copy_us", 0.0), "executor.copy_us"),
+                     free_us=us(executor.get("free_us", 0.0), "executor.free_us"),
+                     recompute_call_us=us(executor.get("recompute_call_us", 0.0),
+                                          "executor.recompute_call_us"))

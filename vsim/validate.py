@@ -174,7 +174,8 @@ def relative_error(predicted: float, measured: float) -> float | None:
 
 
 def run_case(case: Case, first_iteration: bool | None = None,
-             workspace_fallback: bool | None = None) -> dict[str, Any]:
+             workspace_fallback: bool | None = None,
+             runtime_cost: bool | None = None) -> dict[str, Any]:
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .allocator import make_allocator
     from .engine import simulate
@@ -192,7 +193,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
     keys = ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes", "fits")
     try:
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                          case.memory_bytes, first_iteration, workspace_fallback)
+                          case.memory_bytes, first_iteration, workspace_fallback,
+                          runtime_cost=runtime_cost)
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
@@ -222,8 +224,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
 
 
 def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
-             first_iteration: bool | None = None, workspace_fallback: bool | None = None
-             ) -> dict[str, Any]:
+             first_iteration: bool | None = None, workspace_fallback: bool | None = None,
+             runtime_cost: bool | None = None) -> dict[str, Any]:
     """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct},
     by_family: {family: summary}, by_policy: {policy name: summary}}."""
     rows = []
@@ -231,7 +233,7 @@ def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
         if progress:
             progress(f"[{i}/{len(cases)}] {case.id}")
         try:
-            rows.append(run_case(case, first_iteration, workspace_fallback))
+            rows.append(run_case(case, first_iteration, workspace_fallback, runtime_cost))
         except VsimError as exc:
             raise ConfigError(f"case {case.id}: {exc}", case.source) from None
     return {"cases": rows, "summary": summarize(rows), "by_family": summarize_by(rows, "family"),

@@ -43,6 +43,11 @@ def add_run_inspect_list(verbs: Any) -> None:
                    "convolution whose workspace cannot be allocated runs without one, at its "
                    "workspace-free algorithm's time, as PyTorch falls back to another cuDNN "
                    "engine (default: with the caching allocator)")
+    p.add_argument("--runtime-cost", action=argparse.BooleanOptionalAction, help="charge the "
+                   "host costs of vsim's own Python runtime (its op tracker and its work per "
+                   "offload, prefetch, free and recomputed op; hardware/host/NAME.yaml's "
+                   "executor section), as the measured runs pay them; --no-runtime-cost "
+                   "predicts an ideal (C++) runtime that pays none (default: on)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
                    "when several policies are given)")
     p.add_argument("--verbose", action="store_true", help="also print compute, stall and "
@@ -151,7 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
                   f"({format_size(hw.capacity_bytes)}): simulating a larger card")
     results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration,
-                        args.workspace_fallback) for p in policies]
+                        args.workspace_fallback, runtime_cost=args.runtime_cost)
+               for p in policies]
     # the slowdown's reference, as a sweep's: no policy with room for everything
     base = simulate(trace, hw, make_policy("none"), allocator, AMPLE_BYTES,
                     args.first_iteration, args.workspace_fallback).report

@@ -25,6 +25,8 @@ def add_validate_bench(verbs: Any) -> None:
                    help="simulate each case's first iteration first (see vsim run)")
     p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction,
                    help="fall back to workspace-free convolutions (see vsim run)")
+    p.add_argument("--runtime-cost", action=argparse.BooleanOptionalAction,
+                   help="charge vsim's own runtime's host costs (see vsim run; default: on)")
     p.set_defaults(handler=cmd_validate)
 
     p = verbs.add_parser("bench", help="how fast the simulator is on this machine")
@@ -108,7 +110,8 @@ def _validate_cases(cases: Any, args: argparse.Namespace) -> int:
     check_outputs([("--plot", plot)], inputs)
     result = validate(cases, progress=None if args.json else progress,
                       first_iteration=args.first_iteration,
-                      workspace_fallback=args.workspace_fallback)
+                      workspace_fallback=args.workspace_fallback,
+                      runtime_cost=args.runtime_cost)
     text = strict_json(result, indent=2) if args.json else format_validation(result)
     if plot:
         from ..plots import plot_validation

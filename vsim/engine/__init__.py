@@ -78,22 +78,25 @@ class SimResult:
 
 def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
-             workspace_fallback: bool | None = None, host_time: bool | None = None
-             ) -> SimResult:
+             workspace_fallback: bool | None = None, host_time: bool | None = None,
+             runtime_cost: bool | None = None) -> SimResult:
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
-    at hand for its profiling runs."""
+    at hand for its profiling runs. `runtime_cost` False: the plan is carried out by an ideal
+    runtime that pays none of vsim's runtime's own host costs (run_plan's `tracked` False);
+    default: vsim's runtime, as measured."""
     capacity = _capacity(hw, capacity_bytes)
+    tracked = False if runtime_cost is False else None
     plan = policy.plan_with(trace, hw, capacity, planning_runner(
         allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-        host_time=host_time))
+        host_time=host_time, tracked=tracked))
     return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
                     workspace_fallback=workspace_fallback, host_time=host_time,
-                    label=policy.spec())
+                    tracked=tracked, label=policy.spec())
 
 
 def planning_runner(run_allocator: AllocatorSpec, *, first_iteration: bool | None = None,
-                    workspace_fallback: bool | None = None, host_time: bool | None = None
-                    ) -> RunPlan:
+                    workspace_fallback: bool | None = None, host_time: bool | None = None,
+                    tracked: bool | None = None) -> RunPlan:
     """The run_plan a policy plans with for a run on `run_allocator` (with these options): called
     with allocator None, as the policies' profiling runs call it, it runs the plan as the run
     itself will, so that a plan judged to fit fits the run (issue 14: the caching allocator's
@@ -106,7 +109,7 @@ def planning_runner(run_allocator: AllocatorSpec, *, first_iteration: bool | Non
             return run_plan(trace, hw, plan, allocator, capacity_bytes)
         return run_plan(trace, hw, plan, run_allocator, capacity_bytes,
                         first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-                        host_time=host_time)
+                        host_time=host_time, tracked=tracked)
 
     return runner
 

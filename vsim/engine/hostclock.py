@@ -11,30 +11,53 @@ Hidden while the host is ahead of the GPU, they show where it is not: host-bound
 after every sync. A synthesized trace has no recorded start to bound it: its issue times are the
 model's alone.
 
-Tracked (`tracked=True`): the run is vsim's executor carrying out a plan, whose dispatch mode
-costs `model.tracker_us_per_op` of host time per op (validation/host/README.md); that cost
-accumulates on top of the bounded issue times, hidden while the host's lead lasts.
+Tracked (`tracked=True`): the run is vsim's own runtime (vsim.runtime's executor) carrying out
+a plan, whose Python costs the host more (validation/host/README.md): its dispatch mode costs
+`model.tracker_us_per_op` per op, and carrying out the plan's actions costs `copy_us` per
+offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
+for prefetches and offloads at it, after it for the rest), and a recomputed op is replayed at
+`recompute_call_us` (the executor replays its aten call) instead of PyTorch's forward cost.
+These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
+(C++) runtime would not pay them: `tracked=False` predicts that.
 """
 
 from __future__ import annotations
 
 from ..host import HostModel
+from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
 
 
+def executor_us(model: HostModel, index: PlanIndex | None, op: int) -> tuple[float, float]:
+    """The executor's host time for the actions hung on `op`: (before it, after it)."""
+    if index is None:
+        return 0.0, 0.0
+    before = model.copy_us * (len(index.prefetch_at.get(op, ())) +
+                               len(index.offload_at.get(op, ())))
+    after = model.copy_us * len(index.offload_after.get(op, ())) + model.free_us * (
+        len(index.release_after.get(op, ())) + len(index.drop_after.get(op, ())))
+    return before, after
+
+
 class HostClock:
-    def __init__(self, trace: Trace, model: HostModel, tracked: bool = False) -> None:
+    def __init__(self, trace: Trace, model: HostModel, tracked: bool = False,
+                 index: PlanIndex | None = None) -> None:
         self.model = model
         self.alloc = model.allocator
+        self.tracked = tracked
         bounded = trace.meta.get("source") == "measured"
         self.issue: dict[int, float] = {}
         clock = 0.0
         per_op = model.tracker_us_per_op if tracked else 0.0
-        for i, op in enumerate(trace.ops):
+        runtime = 0.0  # vsim's runtime's own host time so far (tracked)
+        for op in trace.ops:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            self.issue[op.id] = clock + per_op * (i + 1)
+            before, after = executor_us(model, index if tracked else None, op.id)
+            runtime += per_op + before
+            self.issue[op.id] = clock + runtime
+            runtime += after
         self.extra_us = 0.0  # host time the plan added so far
 
     def ready_us(self, op: int) -> float:
@@ -43,7 +66,10 @@ class HostClock:
 
     def recompute(self, op: Op) -> None:
         """The host re-runs a forward op before the one that needs its output."""
-        self.extra_us += self.model.op_us(op)
+        if self.tracked and self.model.recompute_call_us > 0:
+            self.extra_us += self.model.recompute_call_us
+        else:
+            self.extra_us += self.model.op_us(op)
 
     def spend(self, us: float) -> None:
         self.extra_us += us

@@ -114,7 +114,7 @@ class Engine:
         self.executed: list[ExecutedOp] = []
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.clock = None if host is None else HostClock(trace, host, tracked)
+        self.clock = None if host is None else HostClock(trace, host, tracked, self.index)
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
 
