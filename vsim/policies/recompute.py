@@ -18,12 +18,12 @@ Strategies:
   gradients, workspaces), s's own maps as the plan would hold them (dropped ones away between
   their drop and the recomputation) and the checkpoints of the segments before s. The DP keeps,
   for each cut, the Pareto set of (checkpoint bytes so far, recomputation time), over segments
-  of at most max(16, 3 ceil(sqrt(n))) layers, cutting after any layer up to 400 layers and after
-  every ceil(n/400)-th beyond (approximations on deep networks, for planning time). The result is
-  checked against the static profile and one simulated iteration, and planned again with a
-  tighter budget when either exceeds the capacity. Under algo=auto, while no segmentation fits,
-  the convolutions with the largest workspaces run without them (1, 2, 4, ... more per round) and
-  the DP tries again; failing that, it falls back to sqrt and says so.
+  of at most max(12, 2 ceil(sqrt(n))) grid steps (cuts after any of the first 240 layers, then
+  every ceil(n/240)-th: for planning time). The result is checked against the static profile and
+  one simulated iteration, and planned again with a tighter budget when either exceeds the
+  capacity. Under algo=auto, while no segmentation fits, the convolutions with the largest
+  workspaces run without them (1, 2, 4, ... more per round) and the DP tries again; failing that,
+  it falls back to sqrt and says so.
 
 A segment is only cut where its recomputation can read what it needs: every tensor it reads from
 outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
@@ -223,9 +223,8 @@ class Segmenter:
         valid = all(alive_in_trace(view, t, slot) and t not in drop_set
                     for t in chain_inputs(view, chain))
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
-        transient = frozenset(
-            t for o in chain for t in view.op[o].writes
-            if t not in drop_set and not alive_in_trace(view, t, slot))
+        transient = frozenset(t for o in chain for t in view.op[o].writes
+                              if t not in drop_set and not alive_in_trace(view, t, slot))
         return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
 
     def _cost(self, a: int, b: int) -> SegmentCost:
