@@ -5,6 +5,7 @@ runs the same mode on meta tensors)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,6 +44,32 @@ def storage_bytes(t: torch.Tensor) -> int:
         return 0
 
 
+def call_profile(func: Any, args: Any, kwargs: Any, out: Any, flat_in: list[Any],
+                 flat_out: list[Any], device_type: str,
+                 addr: Callable[[torch.Tensor], int | None]) -> tuple[list[int], float, float]:
+    """One aten call's (storages read, flops, bytes of its tensor arguments and results) on
+    `device_type`, `addr` naming a tensor's storage: the recorder's log entry, also synth's."""
+    reads: list[int] = []
+    nbytes = 0.0
+    for x in flat_in:
+        if isinstance(x, torch.Tensor) and x.device.type == device_type:
+            a = addr(x)
+            if a is not None:
+                reads.append(a)
+            nbytes += x.numel() * x.element_size()
+    for x in flat_out:
+        if isinstance(x, torch.Tensor) and x.device.type == device_type:
+            nbytes += x.numel() * x.element_size()
+    flops = 0.0
+    formula = FLOPS.get(getattr(func, "overloadpacket", None))
+    if formula is not None:
+        try:
+            flops = float(formula(*args, **kwargs, out_val=out))
+        except Exception:  # noqa: BLE001 - a formula that does not fit this call: unknown
+            flops = 0.0
+    return reads, flops, nbytes
+
+
 class DispatchLog(TorchDispatchMode):
     """Logs, for each aten op below autograd, the storages it reads on the recorded device, its
     flops (torch.utils.flop_counter's formulas) and the bytes of its tensor arguments and results,
@@ -59,26 +86,10 @@ class DispatchLog(TorchDispatchMode):
         out = func(*args, **kwargs)
         if getattr(func, "namespace", "") == "profiler":
             return out
-        reads: list[int] = []
-        nbytes = 0.0
         flat_in, _ = tree_flatten((args, kwargs))
         flat_out, _ = tree_flatten(out)
-        for x in flat_in:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                a = tensor_addr(x)
-                if a is not None:
-                    reads.append(a)
-                nbytes += x.numel() * x.element_size()
-        for x in flat_out:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                nbytes += x.numel() * x.element_size()
-        flops = 0.0
-        formula = FLOPS.get(getattr(func, "overloadpacket", None))
-        if formula is not None:
-            try:
-                flops = float(formula(*args, **kwargs, out_val=out))
-            except Exception:  # noqa: BLE001 - a formula that does not fit this call: unknown
-                flops = 0.0
+        reads, flops, nbytes = call_profile(func, args, kwargs, out, flat_in, flat_out,
+                                            self.device_type, tensor_addr)
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
         marker(f"{DISPATCH}{n}")

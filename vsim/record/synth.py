@@ -204,24 +204,9 @@ class _SynthDispatch(dispatchlog.DispatchLog):
         for x in flat_out:
             if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
                 self.memory.allocated(x)
-        reads: list[int] = []
-        nbytes = 0.0
-        for x in flat_in:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                a = self.memory.addr(x)
-                if a is not None:
-                    reads.append(a)
-                nbytes += x.numel() * x.element_size()
-        for x in flat_out:
-            if isinstance(x, torch.Tensor) and x.device.type == self.device_type:
-                nbytes += x.numel() * x.element_size()
-        flops = 0.0
-        formula = dispatchlog.FLOPS.get(getattr(func, "overloadpacket", None))
-        if formula is not None:
-            try:
-                flops = float(formula(*args, **kwargs, out_val=out))
-            except Exception:  # noqa: BLE001 - a formula that does not fit this call: unknown
-                flops = 0.0
+        reads, flops, nbytes = dispatchlog.call_profile(func, args, kwargs, out, flat_in,
+                                                        flat_out, self.device_type,
+                                                        self.memory.addr)
         name = str(getattr(func, "__name__", func)).split(".")[0]
         launches = not _is_view(func) and name not in _NO_KERNEL
         n = len(self.log.dispatch)
