@@ -202,8 +202,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
                 "error": dict.fromkeys(METRICS), "tolerance": case.tolerance, "ok": False,
                 "plan_error": str(exc)}
     predicted = {k: report[k] for k in keys}
-    measured_digest = ((measured.get("plan") or {}).get("digest")
-                       if isinstance(measured.get("plan"), dict) else None)
+    measured_plan = measured.get("plan")
+    measured_digest = measured_plan.get("digest") if isinstance(measured_plan, dict) else None
     error: dict[str, float | None] = {}
     ok = predicted["fits"] == bool(measured["fits"])
     for metric in METRICS:

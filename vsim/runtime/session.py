@@ -128,6 +128,7 @@ class Session:
                             self.device, trace)
             self.restore()
         self.opmap: OpMap = opmap
+        self._plans: dict[tuple[str, int | None], tuple[Any, Plan]] = {}  # see _plan
         self.say(f"  {opmap.n_calls} aten calls, {len(trace.ops)} ops, "
                  f"{opmap.diagnostics['tensors_located']} tensors located")
         self.reference: dict[str, Any] | None = None
@@ -262,8 +263,17 @@ class Session:
         """Whether the policy's plan for this case runs convolutions squeezed (on a GPU), which
         changes the engines cuDNN caches for the rest of the process: such a case is measured
         in a process of its own (vsim.runtime.suite)."""
-        capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
-        return self.gpu and squeezes(make_policy(policy).plan(self.trace, self.hw, capacity))
+        return self.gpu and squeezes(self._plan(policy, memory_bytes)[1])
+
+    def _plan(self, policy: str, memory_bytes: int | None) -> tuple[Any, Plan]:
+        """(policy, its plan for this case), planned once per case: the suite asks `squeezes`
+        before `run`, and a capacity-aware policy's planning runs the engine many times."""
+        key = (policy, memory_bytes)
+        if key not in self._plans:
+            pol = make_policy(policy)
+            capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
+            self._plans[key] = (pol, pol.plan(self.trace, self.hw, capacity))
+        return self._plans[key]
 
     def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
             warmup: int | None = None, instrument: bool = False, strict: bool = True,
@@ -278,9 +288,8 @@ class Session:
         warmup = self.warmup if warmup is None else warmup
         if iters < 1:
             raise ConfigError(f"--iters must be at least 1, got {iters}")
-        pol = make_policy(policy)
         capacity = self.hw.capacity_bytes if memory_bytes is None else memory_bytes
-        plan = pol.plan(self.trace, self.hw, capacity)
+        pol, plan = self._plan(policy, memory_bytes)
         global _ENGINES_SQUEEZED
         if _ENGINES_SQUEEZED:
             raise ConfigError(f"{policy}: an earlier case in this process ran convolutions "
