@@ -17,6 +17,7 @@ from typing import Any
 from ..hardware import Hardware
 from ..plan import Plan, PlanBuilder, Release, Retime, RunPlan
 from ..trace.schema import Trace
+from ..units import format_size
 from .base import Policy
 from .layers import TraceView
 from .planning import Evictions, Usage, algorithm_retimes, anchor_prefetches, apply_releases
@@ -141,9 +142,9 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
                 break
             hi = mid
         else:
-            return first, [f"cannot fit {capacity_bytes} B by its own rules: neither its plan "
-                           f"with the most eviction (planned for 0 B) nor those for "
-                           f"{ESCALATION_LADDER} budgets between it and {top} B fit "
+            return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
+                           f"neither its plan with the most eviction (planned for 0 B) nor those "
+                           f"for {ESCALATION_LADDER} budgets between it and {format_size(top)} fit "
                            f"({judge.runs} profiling run(s)); this is the plan for the full "
                            f"capacity"]
     # Down to 1/2**ESCALATION_STEPS of the range: from a rung of the ladder, 4 steps.
