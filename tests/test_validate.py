@@ -37,7 +37,8 @@ def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys
     assert out["summary"] == {"n": 1, "time_mape": pytest.approx(0.0),
                               "peak_mape": pytest.approx(1 / 3), "reserved_mape": pytest.approx(
                                   abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0,
-                              "plans_changed": 0}
+                              "plans_changed": 0, "with_repeats": 0,
+                              "median_repeat_spread": None, "time_within_repeats": 0}
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -97,3 +98,13 @@ def test_a_plan_that_changed_since_it_was_measured_is_marked(tmp_path, capsys, c
     out = json.loads(capsys.readouterr().out)
     assert bool(out["cases"][0].get("plan_changed")) is changed
     assert out["summary"]["plans_changed"] == int(changed)
+
+
+def test_repeat_spread_is_the_runs_own_variation():
+    from vsim.validate import repeat_spread
+
+    got = repeat_spread({"fits": True, "iteration_times_us": [110.0, 90.0, 100.0, 105.0]})
+    assert got == {"min_us": 90.0, "max_us": 110.0, "relative": 20.0 / 102.5}
+    assert repeat_spread({"fits": True, "iteration_times_us": [1.0, 2.0]}) is None
+    assert repeat_spread({"fits": False, "iteration_times_us": [1.0, 2.0, 3.0]}) is None
+    assert repeat_spread({"fits": True}) is None

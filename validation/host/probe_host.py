@@ -27,6 +27,8 @@ import time
 import torch
 from torch import nn
 
+from vsim.record.hostprobe import probe_host
+
 MODELS = ["resnet50", "densenet121", "mobilenet_v2", "vgg16", "wide_resnet50_2", "vit_b_16",
           "efficientnet_b0", "gpt2"]
 
@@ -115,7 +117,8 @@ def main() -> int:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "driver": _driver(), "cpu": platform.processor() or
         platform.machine(), "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}, "models": {}}
+        "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+        "host_probe": probe_host(device)}, "models": {}}
     for name in args.models.split(","):
         try:
             model, x, y = build(name, args.batch, device)

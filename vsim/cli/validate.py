@@ -149,6 +149,11 @@ def format_validation(result: dict[str, Any]) -> str:
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
                  f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
                  f"{pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    if s.get("with_repeats"):
+        lines.append(f"the measured runs' own iterations vary by a median "
+                     f"{pct(s['median_repeat_spread']).lstrip('+')} (max - min over median, "
+                     f"{s['with_repeats']} runs); {s['time_within_repeats']} predicted times lie "
+                     "within their run's range")
     if s.get("plans_changed"):
         lines.append(f"* {s['plans_changed']} case(s): the policy now plans differently from the "
                      "plan measured (its digest); remeasure them to compare like with like")

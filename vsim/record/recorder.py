@@ -54,6 +54,7 @@ from .assemble import (
 )
 from .dispatchlog import DispatchLog, ProfilerRange, marker, storage_bytes, tensor_addr
 from .hf import default_seq, is_hf
+from .hostprobe import probe_host
 from .module_types import module_type
 from .step import TrainingStep, check_choice, training_step
 
@@ -146,6 +147,7 @@ class Recorder:
         self._range: Any = None
         self._undo: list[Callable[[], None]] = []
         self._history_on = False
+        self.host_probe: dict[str, Any] | None = None
 
     # -- public
 
@@ -164,6 +166,8 @@ class Recorder:
         return self._trace
 
     def __enter__(self) -> Recorder:
+        # before any profiling: a process that has profiled launches more slowly (CUPTI)
+        self.host_probe = probe_host(self.device)
         self.pos = 0
         self.progress(f"warm-up: {self.schedule.count('warmup')} iterations")
         self._begin(self.schedule[0])
@@ -514,6 +518,7 @@ class Recorder:
             "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32),
                      "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "host_probe": self.host_probe,  # this machine's host speed (vsim.record.hostprobe)
             "precision": None,  # what the step ran under autocast: the caller says
             "optimizer": optimizer_name(self.optimizer),
             "optimizer_config": optimizer_label(self.optimizer),

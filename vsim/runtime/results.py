@@ -46,8 +46,10 @@ def compare_gradients(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any
             "gradients_missing": missing, "tensors": len(ref["grads"])}
 
 
-def provenance(device: torch.device, command: str) -> dict[str, Any]:
-    """Device, driver and library versions, date and command (no host name)."""
+def provenance(device: torch.device, command: str,
+               host_probe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Device, driver and library versions, date and command (no host name); `host_probe`:
+    this machine's host speed (vsim.record.hostprobe), taken when the session began."""
     from ..record.recorder import driver_version
 
     gpu = device.type == "cuda"
@@ -64,7 +66,8 @@ def provenance(device: torch.device, command: str) -> dict[str, Any]:
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             or os.environ.get("PYTORCH_ALLOC_CONF"),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": command}
+            "command": command,
+            **({"host_probe": host_probe} if host_probe else {})}
 
 
 def measure_command(model: str, batch: int, policy: str, memory_bytes: int | None,

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..hardware import load_hardware
 from ..plan import Plan, Retime
 from ..policies import make_policy
+from ..record.hostprobe import probe_host
 from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
@@ -119,6 +120,7 @@ class Session:
         for _ in range(warmup):
             self.step()
         self._sync()
+        self.host_probe = probe_host(self.device)
         self.snapshot = [t.detach().to("cpu", copy=True) for t in self._state()]
         self.rng = (torch.get_rng_state(),
                     torch.cuda.get_rng_state(self.device) if self.gpu else None)
@@ -403,7 +405,7 @@ class Session:
             "op_map": dict(self.opmap.diagnostics),
             "check": check,
             "notes": notes,
-            "provenance": provenance(self.device, command),
+            "provenance": provenance(self.device, command, self.host_probe),
         }
         if profiled is not None:
             result["profile_last"] = profiled
@@ -480,7 +482,7 @@ class Session:
                                          if oom is None and peaks_a else None),
                 "notes": [note],
                 "provenance": provenance(self.device, f"python -m vsim.runtime.measure "
-                                                      f"(builtin {label})")}
+                                                      f"(builtin {label})", self.host_probe)}
 
 
 

@@ -1,0 +1,89 @@
+"""How fast this machine's host issues a training step: a one-second probe taken where a trace
+is recorded, a plan is measured, and the host model is probed.
+
+Why: the lent GPU machines differ in their CPUs. The same densenet121 batch-64 step, host-bound,
+took 58.5 ms where it was recorded and 83.9 ms where it was measured a day later on another
+H100 machine (validation/README.md). A recorded trace's launch gaps and the host model
+(hardware/host/) are in the host speed of the machine they came from; the engine scales them to
+the speed of the machine a prediction is for (vsim/engine/hostclock.py) by the ratio of this
+probe's `step_us` on the two machines.
+
+The probe is a fixed small network (no dependence on what is being measured), at a size where
+every kernel is tiny: the host issue time of its SGD training step (perf_counter around the
+step, the GPU idle before it, no synchronize inside) is the host's speed at issuing PyTorch ops:
+Python, the dispatcher, autograd, launches. Median of repeats, after warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+PROBE_VERSION = 1
+LAYERS = 48   # 48 x (linear, layer norm, GELU): about 430 aten calls and launches a step
+WIDTH = 64
+REPEATS = 25
+
+
+def _net(device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH), nn.GELU())
+              for _ in range(LAYERS)]
+    return nn.Sequential(*blocks).to(device), torch.randn(8, WIDTH, device=device)
+
+
+def probe_host(device: torch.device | str) -> dict[str, Any]:
+    """{"version", "step_us" (median host issue time of the probe's step), "spread" (max/min
+    over the repeats), "repeats", "cpu" (model name), "cpus"}. The probe's tensors are freed
+    on return (the caching allocator may keep their small blocks); the caller's RNG state is
+    left as it was."""
+    dev = torch.device(device)
+    gpu = dev.type == "cuda"
+    with torch.random.fork_rng(devices=[dev] if gpu else []):  # the caller's RNG untouched
+        return _probe(dev, gpu)
+
+
+def _probe(dev: torch.device, gpu: bool) -> dict[str, Any]:
+    net, x = _net(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        net(x).square().mean().backward()
+        opt.step()
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize(dev)
+
+    for _ in range(5):
+        step()
+    sync()
+    times = []
+    for _ in range(REPEATS):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return {"version": PROBE_VERSION, "step_us": round(statistics.median(times), 1),
+            "spread": round(max(times) / min(times), 2), "repeats": REPEATS,
+            "cpu": cpu_model(), "cpus": os.cpu_count()}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux), to tell machines apart in provenance."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
