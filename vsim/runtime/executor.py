@@ -61,9 +61,9 @@ from torch.utils._pytree import tree_flatten
 from ..plan import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
 from .hostmem import PinnedPool
+from .nativerun import NativeRuns
 from .opmap import OpMap, OpSequenceError
 from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCall
-from .tracker import Tracker
 
 SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
 # results (validation/workspace-free used the same margin to time these engines)
@@ -92,7 +92,7 @@ class IterationStats:
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
-class Executor(Recomputation):
+class Executor(Recomputation, NativeRuns):
     """Carries out `plan` during iterations of a step whose aten calls `opmap` maps to `trace`.
 
     Use: `ex.run(step)` runs one iteration under the tracker (see the module docstring for what
@@ -102,11 +102,14 @@ class Executor(Recomputation):
     re-runs the in-place updates that ops outside its chain made to the tensors it rebuilds,
     and reads each argument in the state its call saw (vsim.runtime.recompute); when it cannot
     (their other inputs are gone, or only a later state is left), strict raises ExecutorError,
-    otherwise the chain runs on what is there (wrong values, counted in `inplace_missed`)."""
+    otherwise the chain runs on what is there (wrong values, counted in `inplace_missed`).
+    `tracker`: which op tracker finds the places to act (vsim.runtime.nativerun: "auto",
+    "native" or "python")."""
 
     def __init__(self, plan: Plan, opmap: OpMap, trace: Trace, device: torch.device,
                  inputs: list[torch.Tensor], pool: PinnedPool | None = None,
-                 strict: bool = True, memory_fraction: float = 1.0) -> None:
+                 strict: bool = True, memory_fraction: float = 1.0,
+                 tracker: str = "auto") -> None:
         self.plan = plan
         self.memory_fraction = memory_fraction  # the case's cap, restored after a squeeze
         self.strict = strict
@@ -158,6 +161,14 @@ class Executor(Recomputation):
         self.paused = False
         self.iterations = 0
         self.inputs_pending = False  # abort could not bring an offloaded input back
+        releases = {o.release_after if o.release_after is not None else o.at_op
+                    for o in plan.actions if isinstance(o, Offload)}
+        self._init_tracking(
+            tracker,
+            plan_start_ops=(set(self.prefetch_at) | set(self.needs) | set(self.recompute_before)
+                            | set(self.offload_at) | self.squeeze_ops),
+            plan_end_ops=(set(self.offload_after) | releases | set(self.drop_after)
+                          | set(self.release_after) | set(self.sync_after) | self.squeeze_ops))
         self._begin()
 
     # ------------------------------------------------------------ iteration
@@ -201,8 +212,9 @@ class Executor(Recomputation):
             # tracker): a saved output kept with its grad_fn would be a reference cycle that
             # only backward breaks, so an iteration stopped in forward (out of memory) would
             # keep its activations for good.
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same), Tracker(self):
-                step()
+            mode = self._iteration_mode()
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
+                self._run_tracked(step, mode)
             self.finish()
         except BaseException:
             self.abort()
@@ -211,6 +223,8 @@ class Executor(Recomputation):
         return self.stats
 
     def finish(self) -> None:
+        if self.tracker_used == "native":
+            self._check_native_end()
         if self.calls != self.map.n_calls:
             raise OpSequenceError(f"the iteration ended after {self.calls} aten calls; the trace's "
                                   f"iteration has {self.map.n_calls} (at op {self.cur})")
@@ -263,19 +277,24 @@ class Executor(Recomputation):
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         paused, self.paused = self.paused, True
+        native = self._pause_native(True)
         try:
+            self.note_pack(t)  # the native tracker finds some tensors where autograd saves them
             return t.detach()
         finally:
             self.paused = paused
+            self._pause_native(native)
 
     @contextmanager
     def untracked(self) -> Iterator[None]:
         """Aten calls inside are not the step's (capturing gradients for a check)."""
         self.paused = True
+        native = self._pause_native(True)
         try:
             yield
         finally:
             self.paused = False
+            self._pause_native(native)
 
     def where(self) -> dict[str, Any]:
         """The op the run is at (for out-of-memory reports)."""

@@ -148,7 +148,8 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None) -> dict[
             "syncs": stats.syncs, "skipped": dict(stats.skipped),
             "executor_host_us": round(stats.host_us, 1),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
-            "iterations": ex.iterations, "workspace_free_squeezed": ex.squeezed,
+            "iterations": ex.iterations, "tracker": ex.tracker_used,
+            "tracker_note": ex.tracker_note, "workspace_free_squeezed": ex.squeezed,
             "workspace_free_missed": ex.squeeze_missed}
 
 

@@ -195,6 +195,9 @@ class Session:
 
         try:
             with deterministic():
+                if ex is not None and ex.needs_calibration():
+                    ex.run(self.step)  # the checked iteration then runs as measured ones do
+                    self.restore()
                 if ex is not None:
                     ex.run(lambda: self.step(capture))
                 else:

@@ -41,6 +41,11 @@ class Tracker(TorchDispatchMode):
         ex = self.ex
         if ex.paused or is_profiler_op(func):
             return func(*args, **kwargs)
+        native = ex.calibrating  # the native counter beside this mode (vsim.runtime.native)
+        if native is not None:
+            ex.cal_before.append(native.count())
+            ex.cal_inside.append(native.depth() > 0)
+            native.pause(True)  # what this handler dispatches itself is not the step's
         k = ex.calls
         ex.calls = k + 1
         m = ex.map
@@ -52,14 +57,18 @@ class Tracker(TorchDispatchMode):
         rec = ex.recording.get(op)
         track = rec is not None or op <= ex.track_until
         rng = ex.rng_state() if track and _uses_rng(func) else None
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs)  # inside a counted call: the counter does not count it
         watch = ex.watch.get(k)
         if watch:
             ex.register(watch, out)
+            if native is not None:
+                ex.note_registered(watch)
         if k in ex.constant_calls:
             ex.keep_constant(out)
         if rec is not None:
             ex.record(rec, func, args, kwargs, out, rng, k)
         elif track:
             ex.note_mutation(func, args, kwargs, out, rng, k)
+        if native is not None:
+            native.pause(False)
         return out

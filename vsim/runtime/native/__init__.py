@@ -1,0 +1,185 @@
+"""The native op tracker: the iteration's dispatcher calls counted in C++ (counter.cpp), with
+calls back into Python only where the executor acts.
+
+Why: the Python tracker (vsim.runtime.tracker, a TorchDispatchMode) costs ~40 us of host time
+per aten call, which slowed host-bound models by +28% to +102% under any plan (issue 13); a
+C++ fallback on a dispatch key costs ~0.4 us per call (docs/design.md, "The native tracker").
+
+How a run finds its places without a Python mode: the first iteration of an Executor under a
+given set of determinism flags runs the Python tracker with the counter calibrating beside it
+(`Calibration`): for every aten call k the Python mode sees, the counter's value when it saw it
+(`before[k]`) and when its function returned (`after[k]`), and for every counted call its
+operator name and the count at its return. Counts are deterministic for the same step, so later
+iterations run under the counter alone, armed to call back:
+- before the counted call `before[k] - 1` (the latest call started when the mode saw k) for a
+  call k that starts an op with actions: that call starts after call k-1 returned (checked:
+  `before[k] > after[k-1]`) and before k, as the Python tracker acts;
+- after that call returns, with its outputs, for a call k whose outputs the plan acts on: the
+  counted call must be k's own function (the same outputs) and no earlier callback may fire
+  while it runs.
+Where a check fails, the calibration says why and the executor keeps the Python tracker.
+Plans that recompute keep it too: recording calls for replay needs Python's view of each call.
+
+The extension is compiled on first use with torch.utils.cpp_extension (a C++ compiler and
+ninja; the build is cached by torch outside the repository). `VSIM_NATIVE_TRACKER=0` turns it
+off. Where it cannot be built, `available()` says why and the Python tracker runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("counter.cpp")
+
+_MODULE: Any = None
+_ERROR: str | None = None
+
+
+def load() -> Any:
+    """The compiled counter, or None (then `error()` says why)."""
+    global _MODULE, _ERROR
+    if _MODULE is not None or _ERROR is not None:
+        return _MODULE
+    if os.environ.get("VSIM_NATIVE_TRACKER", "1") == "0":
+        _ERROR = "turned off (VSIM_NATIVE_TRACKER=0)"
+        return None
+    try:
+        import torch
+        from torch.utils.cpp_extension import load as build
+
+        text = SOURCE.read_bytes()
+        tag = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
+        _MODULE = build(name=f"vsim_native_tracker_{tag}", sources=[str(SOURCE)],
+                        extra_cflags=["-O2"], verbose=False)
+    except Exception as exc:  # a missing compiler or ninja, a torch without headers
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        _ERROR = f"{type(exc).__name__}: {first}"
+        _MODULE = None
+    return _MODULE
+
+
+def error() -> str | None:
+    return _ERROR
+
+
+def python_name(cpp_name: str) -> str:
+    """'aten::add.Tensor' -> 'aten.add.Tensor' (str() of the OpOverload)."""
+    return cpp_name.replace("::", ".", 1)
+
+
+@dataclass
+class Calibration:
+    """One iteration seen by the Python tracker and the counter together (module docstring).
+    `before[k]`: the count when Python call k was seen; `inside[k]`: whether it ran inside a
+    counted call (then `before[k] - 1`; some of autograd's own calls run outside every counted
+    call, after `before[k] - 1` returned); `names[c]`: counted call c's operator;
+    `outputs[c]`: (index among c's flattened outputs, storage address) of its tensor outputs;
+    `registered[t]`: the storage address of trace tensor t where the Python tracker found it;
+    `call_op[k]`, `funcs[k]`, `views[k]`: Python call k's trace op, function name and whether
+    it is a view (no kernel)."""
+
+    before: list[int]
+    inside: list[bool]
+    names: list[str]
+    outputs: dict[int, list[tuple[int, int]]]
+    registered: dict[int, int]
+    call_op: list[int]
+    funcs: list[str]
+    views: list[bool]
+    packs: list[tuple[int, int]] = field(default_factory=list)  # (count, storage) per save
+
+    @property
+    def total(self) -> int:
+        return len(self.names)
+
+    def op_at(self, count: int) -> int:
+        """The trace op of the last Python call seen within counted calls up to `count`."""
+        from bisect import bisect_right
+
+        k = bisect_right(self.before, count + 1) - 1
+        return self.call_op[k] if 0 <= k < len(self.call_op) else -1
+
+
+@dataclass
+class Targets:
+    """Where an armed counter calls back: `flags` per count (1 before, 2 after), the Python
+    call each boundary stands for, the trace tensors each call's outputs are, and the operator
+    name each target must have."""
+
+    flags: bytes
+    pre: dict[int, int] = field(default_factory=dict)    # count -> Python call k
+    after: dict[int, int] = field(default_factory=dict)  # count -> Python call k (at its end)
+    post: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # count -> (j, t)
+    packs: dict[int, int] = field(default_factory=dict)  # saved tensor number -> trace tensor
+    expect: dict[int, str] = field(default_factory=dict)
+
+
+class Unsafe(Exception):
+    """The calibration cannot place a callback exactly where the Python tracker acts."""
+
+
+def targets(cal: Calibration, boundary_calls: list[int],
+            watch: dict[int, list[tuple[int, int]]]) -> Targets:
+    """Callbacks for the op boundaries at Python calls `boundary_calls` (the executor acts
+    before them) and for the trace tensors among the outputs of the calls in `watch`.
+
+    A boundary at a call k inside counted call c is placed before c starts: exact when the
+    Python calls c makes before k are views (no kernel launched between c's start and k). A
+    boundary at a call outside every counted call is placed where the last counted call
+    returned, exact when the calls between are views. The tensors of a watched call are taken
+    from its counted call's outputs, by storage. Unsafe otherwise."""
+    from bisect import bisect_left
+
+    flags = bytearray(cal.total)
+    out = Targets(b"")
+    for k in boundary_calls:
+        c = cal.before[k] - 1
+        first = bisect_left(cal.before, cal.before[k])
+        # the calls between the callback and k: in c before k, or after c returned
+        launching = [j for j in range(first, k)
+                     if not cal.views[j] and (cal.inside[k] or not cal.inside[j])]
+        if launching:
+            j = launching[0]
+            raise Unsafe(f"op boundary at aten call {k} ({cal.funcs[k]}) comes after call {j} "
+                         f"({cal.funcs[j]}) within counted call {c} "
+                         f"({python_name(cal.names[c]) if c >= 0 else 'none'})")
+        if c < 0:
+            raise Unsafe(f"op boundary at aten call {k} ({cal.funcs[k]}) before any counted call")
+        if cal.inside[k]:
+            flags[c] |= 1
+            out.pre[c] = max(k, out.pre.get(c, k))
+        else:
+            flags[c] |= 2
+            out.after[c] = max(k, out.after.get(c, k))
+        out.expect[c] = cal.names[c]
+    saved: dict[tuple[int, int], int] = {}
+    for i, (count, ptr) in enumerate(cal.packs):
+        saved.setdefault((count, ptr), i)
+    for k, pairs in watch.items():
+        c = cal.before[k] - 1
+        if not cal.inside[k]:
+            raise Unsafe(f"aten call {k} ({cal.funcs[k]}), whose outputs the plan acts on, ran "
+                         "outside every counted call")
+        where = {p: j for j, p in cal.outputs.get(c, [])}
+        for _, t in pairs:
+            ptr = cal.registered.get(t, -1)
+            jj = where.get(ptr)
+            if jj is not None:
+                out.post.setdefault(c, []).append((jj, t))
+                flags[c] |= 2
+                out.expect[c] = cal.names[c]
+                continue
+            # not returned by the counted call (max pooling's indices, batch norm's saved
+            # statistics): where autograd saves it while that call still runs
+            at = saved.get((cal.before[k], ptr))
+            if at is None:
+                raise Unsafe(f"trace tensor {t}, an output of aten call {k} ({cal.funcs[k]}), "
+                             f"is neither an output of its counted call "
+                             f"{python_name(cal.names[c])} nor saved for backward within it")
+            out.packs[at] = t
+    out.flags = bytes(flags)
+    return out

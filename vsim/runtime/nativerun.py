@@ -1,0 +1,262 @@
+"""The Executor's iterations under the native op tracker (vsim.runtime.native), a mixin of
+Executor: choosing the tracker, the calibrating iteration, the armed ones and their callbacks.
+
+Which tracker runs an iteration (`Executor(tracker=)`):
+- "python": the TorchDispatchMode (vsim.runtime.tracker) on every aten call, as before;
+- "native": the C++ counter, calibrated by the first iteration under each set of determinism
+  flags (the Python tracker and the counter together); ConfigError where it cannot be built;
+- "auto" (default): native where it is built and the plan does not recompute (recording calls
+  for replay needs Python's view of each call), else Python. An iteration whose callbacks the
+  calibration cannot place exactly keeps the Python tracker; `tracker_note` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..errors import ConfigError
+from . import native as nativemod
+from .opmap import OpSequenceError
+from .tracker import Tracker
+
+if TYPE_CHECKING:
+    from .opmap import OpMap
+
+TRACKERS = ("auto", "native", "python")
+
+
+def determinism_key() -> tuple[bool, ...]:
+    """Flags under which an iteration's calls can differ (deterministic algorithms take other
+    code paths, some of them with other aten calls)."""
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark)
+
+
+class NativeRuns:
+    """Tracker choice and native iterations for the Executor (see the module docstring)."""
+
+    map: OpMap
+    cur: int
+    calls: int
+    n_ops: int
+    paused: bool
+    watch: dict[int, list[tuple[int, int]]]
+    storage: dict[int, Any]
+    recorded_ops: set[int]
+    constant_calls: frozenset[int]
+
+    def _init_tracking(self, tracker: str, plan_start_ops: set[int],
+                       plan_end_ops: set[int]) -> None:
+        if tracker not in TRACKERS:
+            raise ConfigError(f"tracker {tracker!r}: one of {', '.join(TRACKERS)}")
+        self.tracker = tracker
+        self.tracker_used = "python"
+        self.tracker_note: str | None = None
+        self.calibrating: Any = None       # the counter while a calibrating iteration runs
+        self.cal_before: list[int] = []    # see nativemod.Calibration
+        self.cal_inside: list[bool] = []
+        self._cal_outputs: dict[int, list[tuple[int, int]]] = {}
+        self._cal_registered: dict[int, int] = {}
+        self._cal_packs: list[tuple[int, int]] = []
+        self._packs = 0
+        self._pack_targets: dict[int, int] = {}
+        self._native: Any = None
+        self._armed: tuple[nativemod.Calibration, nativemod.Targets] | None = None
+        self._native_exc: BaseException | None = None
+        self._native_count = 0
+        self._cal: dict[tuple[bool, ...], Any] = {}  # key -> (Calibration, Targets) or why not
+        self._start_ops = plan_start_ops
+        self._end_ops = plan_end_ops
+        if tracker == "python":
+            return
+        if self.recorded_ops or self.constant_calls:
+            if tracker == "native":
+                raise ConfigError("the native tracker cannot run a plan that recomputes "
+                                  "(recording calls for replay needs the Python tracker)")
+            self.tracker_note = "the plan recomputes: recording calls needs the Python tracker"
+            return
+        self._native = nativemod.load()
+        if self._native is None:
+            if tracker == "native":
+                raise ConfigError(f"the native tracker could not be built: {nativemod.error()}")
+            self.tracker_note = f"native tracker unavailable: {nativemod.error()}"
+
+    # ------------------------------------------------------------ choosing
+
+    def _iteration_mode(self) -> str:
+        """'python', 'calibrate' or 'native' for the next iteration."""
+        if self._native is None:
+            return "python"
+        got = self._cal.get(determinism_key())
+        if got is None:
+            return "calibrate"
+        if isinstance(got, str):
+            self.tracker_note = got
+            return "python"
+        self._armed = got
+        return "native"
+
+    def needs_calibration(self) -> bool:
+        """Whether the next iteration calibrates the native tracker (runs under the Python
+        tracker): a gradient check runs one first, so that the checked one runs natively."""
+        return self._native is not None and determinism_key() not in self._cal
+
+    def boundary_calls(self) -> list[int]:
+        """The aten calls before which the Python tracker would carry out actions: the first
+        call of an op when an op it ends or starts (with the ops between) has actions."""
+        calls: list[int] = []
+        start, end = self._start_ops, self._end_ops
+        prev = -1
+        for k, op in enumerate(self.map.call_op):
+            if op <= prev:
+                continue
+            if any(o in end for o in range(max(prev, 0), op)) or \
+                    any(o in start for o in range(prev + 1, op + 1)):
+                calls.append(k)
+            prev = op
+        return calls
+
+    # ------------------------------------------------------------ running
+
+    def _run_tracked(self, step: Callable[[], Any], mode: str) -> None:
+        self.tracker_used = mode
+        if mode == "python":
+            with Tracker(self):  # type: ignore[arg-type]
+                step()
+        elif mode == "calibrate":
+            self._calibrate(step)
+        else:
+            self._run_native(step)
+
+    def _calibrate(self, step: Callable[[], Any]) -> None:
+        nat = self._native
+        self.cal_before, self.cal_inside = [], []
+        self._cal_outputs, self._cal_registered, self._cal_packs = {}, {}, []
+        nat.calibrate(True)
+        nat.arm(b"", {}, self._calibration_outputs)
+        nat.begin()
+        self.calibrating = nat
+        try:
+            with Tracker(self):  # type: ignore[arg-type]
+                step()
+        finally:
+            self.calibrating = None
+            nat.end()
+            nat.disarm()
+            nat.calibrate(False)
+        funcs = self.map.funcs
+        cal = nativemod.Calibration(
+            self.cal_before, self.cal_inside, list(nat.recorded()), self._cal_outputs,
+            self._cal_registered, self.map.call_op, [str(f) for f in funcs],
+            [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs)
+        key = determinism_key()
+        if len(cal.before) != self.map.n_calls:
+            self._cal[key] = (f"native tracker not used: calibration saw {len(cal.before)} "
+                              f"aten calls, the map has {self.map.n_calls}")
+            return
+        try:
+            self._cal[key] = (cal, nativemod.targets(cal, self.boundary_calls(), self.watch))
+        except nativemod.Unsafe as exc:
+            self._cal[key] = f"native tracker not used: {exc}"
+
+    def _calibration_outputs(self, count: int, out: Any, post: bool) -> None:
+        got = []
+        for j, x in enumerate(tree_flatten(out)[0]):
+            if isinstance(x, torch.Tensor):
+                try:
+                    got.append((j, x.untyped_storage().data_ptr()))
+                except (RuntimeError, NotImplementedError):
+                    continue
+        self._cal_outputs[count] = got
+
+    def note_pack(self, t: torch.Tensor) -> None:
+        """A tensor autograd saves (the saved-tensor hook): calibrating, where and what it is;
+        armed, the trace tensor the calibration found there, if any."""
+        if self.calibrating is not None:
+            try:
+                ptr = t.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):
+                ptr = -1
+            self._cal_packs.append((self.calibrating.count(), ptr))
+        elif self._armed is not None:
+            i = self._packs
+            self._packs = i + 1
+            tid = self._armed[1].packs.get(i)
+            if tid is not None:
+                self.register([(0, tid)], t)
+
+    def note_registered(self, watch: list[tuple[int, int]]) -> None:
+        """Calibrating: where the Python tracker found the trace tensors of a call."""
+        for _, t in watch:
+            st = self.storage[t]()
+            if st is not None:
+                self._cal_registered[t] = st.data_ptr()
+
+    def _run_native(self, step: Callable[[], Any]) -> None:
+        assert self._armed is not None
+        cal, tg = self._armed
+        nat = self._native
+        self._native_exc = None
+        self._packs = 0
+        nat.arm(tg.flags, tg.expect, self._callback)
+        nat.begin()
+        try:
+            step()
+        except RuntimeError as exc:
+            self.cur = max(self.cur, cal.op_at(nat.count() - 1))
+            if self._native_exc is not None:
+                raise self._native_exc from None
+            if nat.diverged():
+                raise OpSequenceError(f"the run diverged from its calibration: "
+                                      f"{nat.diverged()}") from None
+            raise exc
+        except BaseException:
+            self.cur = max(self.cur, cal.op_at(nat.count() - 1))
+            raise
+        finally:
+            self._native_count = nat.count()
+            nat.end()
+            nat.disarm()
+
+    def _callback(self, count: int, out: Any, post: bool) -> None:
+        try:
+            assert self._armed is not None
+            tg = self._armed[1]
+            if post:
+                pairs = tg.post.get(count)
+                if pairs:
+                    self.register(pairs, out)
+                k = tg.after.get(count, -1)
+                if k < 0:
+                    return
+            else:
+                k = tg.pre[count]
+            self.calls = k
+            op = self.map.call_op[k]
+            if op > self.cur:
+                self.advance(op)
+        except BaseException as exc:
+            self._native_exc = exc
+            raise
+
+    def _check_native_end(self) -> None:
+        """After a native iteration: it made as many counted calls as its calibration."""
+        assert self._armed is not None
+        cal = self._armed[0]
+        if self._native_count != cal.total:
+            raise OpSequenceError(f"the iteration made {self._native_count} counted calls, its "
+                                  f"calibration {cal.total}: the run diverged (at op "
+                                  f"{cal.op_at(min(self._native_count, cal.total) - 1)})")
+        self.calls = self.map.n_calls
+
+    def _pause_native(self, on: bool) -> bool:
+        return bool(self._native.pause(on)) if self._native is not None else False
+
+    if TYPE_CHECKING:  # provided by Executor
+        def register(self, watch: list[tuple[int, int]], out: Any) -> None: ...
+
+        def advance(self, op: int) -> None: ...
