@@ -282,14 +282,16 @@ class Session:
 
     def run(self, policy: str, memory_bytes: int | None = None, iters: int = 10,
             warmup: int | None = None, instrument: bool = False, strict: bool = True,
-            command: str | None = None, profile_last: bool = False) -> dict[str, Any]:
+            command: str | None = None, profile_last: bool = False,
+            tracker: str = "auto") -> dict[str, Any]:
         """Measure one case: the plan of `policy` for this trace at `memory_bytes` (None: the
         profile's capacity, no cap) carried out for `warmup` + `iters` iterations.
         `instrument`: run the op tracker even for a plan without actions (to see its cost).
         `strict`: see Executor (a recomputation that cannot rebuild a tensor's final value
         raises ExecutorError; otherwise it runs as planned and the check shows the damage).
         `profile_last`: profile the last iteration's kernels (CUPTI; that iteration's time and
-        peaks are left out of the medians) into the result's `profile_last`."""
+        peaks are left out of the medians) into the result's `profile_last`. `tracker`: the
+        executor's op tracker (vsim.runtime.nativerun: auto, native or python)."""
         warmup = self.warmup if warmup is None else warmup
         if iters < 1:
             raise ConfigError(f"--iters must be at least 1, got {iters}")
@@ -309,7 +311,8 @@ class Session:
         ex = None
         if plan.actions or instrument:
             ex = Executor(plan, self.opmap, self.trace, self.device, self.flat_inputs,
-                          self._pool(plan), strict=strict, memory_fraction=fraction)
+                          self._pool(plan), strict=strict, memory_fraction=fraction,
+                          tracker=tracker)
         times: list[float] = []
         peaks_a: list[int] = []
         peaks_r: list[int] = []

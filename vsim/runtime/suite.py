@@ -128,6 +128,7 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                     result = session.run(c["policy"], memory, iters=iters, warmup=case_warmup,
                                          strict=c.get("strict", True),
                                          instrument=c.get("instrument", False),
+                                         tracker=c.get("tracker", "auto"),
                                          command=measure_command(model, batch, c["policy"],
                                                                  memory, hardware, trace_path,
                                                                  output),
