@@ -213,8 +213,11 @@ class Executor(Recomputation, NativeRuns):
             # only backward breaks, so an iteration stopped in forward (out of memory) would
             # keep its activations for good.
             mode = self._iteration_mode()
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
-                self._run_tracked(step, mode)
+            if mode == "native" and not self.saves_needed():
+                self._run_tracked(step, mode)  # autograd's own saving makes no counted call
+            else:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
+                    self._run_tracked(step, mode)
             self.finish()
         except BaseException:
             self.abort()
@@ -319,12 +322,15 @@ class Executor(Recomputation, NativeRuns):
         """Every op before `op` has been launched: end them, start the ones in between (ops
         without aten calls of their own) and `op`."""
         t0 = time.perf_counter()
-        while self.cur < op:
-            if self.cur >= 0:
-                self._end(self.cur)
-            self.cur += 1
-            if self.cur < self.n_ops:
-                self._start(self.cur)
+        starts, ends = self._start_ops, self._end_ops  # ops without actions are passed over
+        cur = self.cur
+        while cur < op:
+            if cur >= 0 and cur in ends:
+                self._end(cur)
+            cur += 1
+            self.cur = cur
+            if cur in starts:
+                self._start(cur)
         self.stats.host_us += (time.perf_counter() - t0) * 1e6
 
     def _start(self, op: int) -> None:
