@@ -213,11 +213,11 @@ class Executor(Recomputation, NativeRuns):
             # only backward breaks, so an iteration stopped in forward (out of memory) would
             # keep its activations for good.
             mode = self._iteration_mode()
-            if mode == "native" and not self.saves_needed():
-                self._run_tracked(step, mode)  # autograd's own saving makes no counted call
-            else:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
-                    self._run_tracked(step, mode)
+            # The hooks stay on in native iterations: without them autograd holds other
+            # references, and its gradient accumulation takes add_ where the calibration saw add
+            # (densenet121 and regnet on the H200 diverged so).
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
+                self._run_tracked(step, mode)
             self.finish()
         except BaseException:
             self.abort()
