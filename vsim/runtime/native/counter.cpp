@@ -45,11 +45,21 @@ std::string name_of(const c10::OperatorHandle& op) {
   return n.name + "." + (n.overload_name.empty() ? std::string("default") : n.overload_name);
 }
 
+// The same operator, its in-place and out-of-place forms taken as one: autograd accumulates a
+// gradient in place when nothing else holds the buffer, which a Python tracker's references
+// (the calibration's) can change (aten::add.Tensor then, aten::add_.Tensor now).
+std::string base_of(const std::string& name) {
+  auto dot = name.find('.');
+  std::string op = name.substr(0, dot);
+  if (!op.empty() && op.back() == '_') op.pop_back();
+  return op + (dot == std::string::npos ? std::string() : name.substr(dot));
+}
+
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
   auto it = S.expect.find(c);
   if (it != S.expect.end()) {
     std::string got = name_of(op);
-    if (got != it->second) {
+    if (got != it->second && base_of(got) != base_of(it->second)) {
       if (S.diverged.empty())
         S.diverged = "call " + std::to_string(c) + " is " + got + ", calibration's was " +
                      it->second;
