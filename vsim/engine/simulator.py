@@ -247,6 +247,9 @@ class Engine:
     def _free(self, tensor: int, op: int | None) -> None:
         """The trace (or a Release) frees the tensor wherever it is."""
         where = self.memory.where(tensor)
+        if where is DEVICE and tensor in self.transfers.h2d_used \
+                and self.transfers.free_after_copies(tensor, op, FREED):
+            return
         if where is DEVICE or where is DROPPED:
             self.memory.release(tensor, self.env.now, op, FREED)
         elif where is OFFLOADING or where is PREFETCHING:
@@ -444,8 +447,9 @@ class Engine:
             for off in self.index.offload_after.get(oid, ()):
                 transfers.offload(off)
         state = self.memory.state
+        h2d_used = transfers.h2d_used
         for t in op.frees:
-            if state.get(t) is DEVICE:  # the common case, without _free's branches
+            if state.get(t) is DEVICE and t not in h2d_used:  # the common case
                 self.memory.release(t, self.env.now, oid, FREED)
             else:
                 self._free(t, oid)
@@ -454,7 +458,8 @@ class Engine:
         for t in self.index.release_after.get(oid, ()):
             self._free(t, oid)
         for t in self.index.drop_after.get(oid, ()):
-            if self.memory.where(t) is DEVICE:
+            if self.memory.where(t) is DEVICE and not (
+                    t in h2d_used and transfers.free_after_copies(t, oid, DROPPED)):
                 self.memory.release(t, self.env.now, oid, DROPPED)
 
     def _driver_calls(self, op: int) -> Generator[simpy.Event, Any, None]:
