@@ -117,6 +117,28 @@ class DeviceMemory:
         self.events.append(("free_requested", now, self.allocator.block_addr(block),
                             self.allocator.block_size(block), 0, tensor, op))
 
+    def detach(self, tensor: int, now: float, op: int | None, new_state: Residency,
+               requested: bool = False) -> object | None:
+        """The program frees the tensor but its block stays out of the allocator's reach until
+        `give_back` (a copy stream's event pending on it, record_stream): logged free_requested
+        now (unless `requested` already), the tensor moves to `new_state`; returns the block."""
+        block = self.blocks.pop(tensor, None)
+        if block is not None and not requested:
+            self.events.append(("free_requested", now, self.allocator.block_addr(block),
+                                self.allocator.block_size(block), 0, tensor, op))
+        self.state[tensor] = new_state
+        return block
+
+    def give_back(self, block: object, tensor: int, now: float, op: int | None) -> None:
+        """A detached block returns to the allocator (free_completed)."""
+        a = self.allocator
+        size = a.block_size(block)
+        addr = a.block_addr(block)
+        a.free(block)
+        self.events.append(("free_completed", now, addr, size, 0, tensor, op))
+        if a.has_segments:
+            self._segment_change(now)
+
     def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)

@@ -112,6 +112,7 @@ class Engine:
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
                                    self._alloc_waiting, self._stop)
         self.executed: list[ExecutedOp] = []
+        self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
         self.clock = None if host is None else HostClock(trace, host, tracked, self.index)
@@ -164,6 +165,12 @@ class Engine:
         end = max([e.start_us + e.dur_us for e in self.executed] +
                   [c.start_us + c.dur_us for c in copies] + [0.0])
         notes = list(self.plan.notes)
+        if self.clock is not None and end > 0 and self.host_wait_us > 0.05 * end:
+            notes.append(f"host-bound: the GPU waited {self.host_wait_us / 1e3:.2f} ms of the "
+                         f"{end / 1e3:.2f} ms iteration for the host to issue ops (the host "
+                         f"model, hardware/host/{self.clock.model.name}.yaml"
+                         + (", with vsim's runtime's tracker and per-action work; "
+                            "--no-runtime-cost: without" if self.clock.tracked else "") + ")")
         if self.oom is not None and self.oom.memory != "device":
             what = "the pinned pool" if self.oom.tensor < 0 else f"tensor {self.oom.tensor}"
             notes.append(f"out of pinned host memory: pinning {what} ({self.oom.need_bytes} B) "
@@ -247,6 +254,9 @@ class Engine:
     def _free(self, tensor: int, op: int | None) -> None:
         """The trace (or a Release) frees the tensor wherever it is."""
         where = self.memory.where(tensor)
+        if where is DEVICE and tensor in self.transfers.h2d_used \
+                and self.transfers.free_after_copies(tensor, op, FREED):
+            return
         if where is DEVICE or where is DROPPED:
             self.memory.release(tensor, self.env.now, op, FREED)
         elif where is OFFLOADING or where is PREFETCHING:
@@ -273,7 +283,9 @@ class Engine:
             oid = op.id
             ready = prev_end + gap
             if clock is not None and clock.ready_us(oid) > ready:
-                ready = clock.ready_us(oid)  # the GPU waits for the host to issue it
+                issued = clock.ready_us(oid)  # the GPU waits for the host to issue it
+                self.host_wait_us += issued - (ready if ready > env.now else env.now)
+                ready = issued
             if ready > env.now:
                 yield env.timeout(ready - env.now)
             if awaiting and not self._create_at_first_use(op):
@@ -444,8 +456,9 @@ class Engine:
             for off in self.index.offload_after.get(oid, ()):
                 transfers.offload(off)
         state = self.memory.state
+        h2d_used = transfers.h2d_used
         for t in op.frees:
-            if state.get(t) is DEVICE:  # the common case, without _free's branches
+            if state.get(t) is DEVICE and t not in h2d_used:  # the common case
                 self.memory.release(t, self.env.now, oid, FREED)
             else:
                 self._free(t, oid)
@@ -454,7 +467,8 @@ class Engine:
         for t in self.index.release_after.get(oid, ()):
             self._free(t, oid)
         for t in self.index.drop_after.get(oid, ()):
-            if self.memory.where(t) is DEVICE:
+            if self.memory.where(t) is DEVICE and not (
+                    t in h2d_used and transfers.free_after_copies(t, oid, DROPPED)):
                 self.memory.release(t, self.env.now, oid, DROPPED)
 
     def _driver_calls(self, op: int) -> Generator[simpy.Event, Any, None]:
@@ -515,6 +529,7 @@ class Engine:
             if self.clock is not None:  # the host issues the recomputed op first
                 self.clock.recompute(op)
                 if self.clock.ready_us(before.id) > self.env.now:
+                    self.host_wait_us += self.clock.ready_us(before.id) - self.env.now
                     yield self.env.timeout(self.clock.ready_us(before.id) - self.env.now)
             start = self.env.now
             dur = self._duration(op)

@@ -68,6 +68,16 @@ class Transfers:
         self._release_at_end: dict[int, list[int]] = defaultdict(list)  # ... copied out
         self._free_pending: set[int] = set()           # freed by the trace while copied
         self._procs: list[simpy.Process] = []          # offload and prefetch processes
+        # Copy streams' events on freed blocks (record_stream): PyTorch records an event on each
+        # stream that used a block when the program frees it, and reuses the block only once
+        # that event has passed, i.e. once every copy issued on that stream before the free has
+        # ended, not only the block's own (see free_after_copies).
+        self._d2h_active: dict[int, simpy.Event] = {}  # D2H copies issued, not ended
+        self._h2d_active: dict[int, simpy.Event] = {}  # H2D copies with their block, not ended
+        self._free_waits: dict[int, list[simpy.Event]] = {}  # offload freed: copies before it
+        self._requested: set[int] = set()              # free_requested already logged
+        self._returning: list[simpy.Event] = []        # detached blocks not yet given back
+        self.h2d_used: set[int] = set()                # blocks a prefetch wrote (record_stream)
 
     # ------------------------------------------------------------ what the engine asks
 
@@ -89,9 +99,10 @@ class Transfers:
     def releasing_memory(self) -> list[simpy.Event]:
         """Device copies that will be given back once their D2H copy ends: only offloads whose
         release op has ended (the others also wait for an op, maybe the one allocating)."""
+        self._returning = [e for e in self._returning if not e.triggered]
         return [self._released[t] for t, ev in self._copied_out.items()
                 if not self._released[t].triggered and not ev.triggered
-                and self._release_op[t] in self.finished]
+                and self._release_op[t] in self.finished] + self._returning
 
     def leaving(self, tensor: int) -> bool:
         """Being offloaded past its release op: gone for a reader (it leaves when the copy
@@ -128,11 +139,14 @@ class Transfers:
         free_completed, by the offload process)."""
         for t in self._release_at_end.pop(oid, []):
             if self._copied_out[t].triggered:
+                self._free_waits[t] = list(self._d2h_active.values())
                 self._release_offloaded(t, oid)
         for t in self._releasing.pop(oid, []):
             if not self._copied_out[t].triggered \
                     and self.memory.where(t) is OFFLOADING:
                 self.memory.request_free(t, self.env.now, oid)
+                self._requested.add(t)
+                self._free_waits[t] = list(self._d2h_active.values())
 
     # ------------------------------------------------------------ offloads
 
@@ -153,8 +167,11 @@ class Transfers:
             # as Layrub's are): the program frees it now, as the executor does at the op's end
             # (memory_allocated drops); the block comes back when the copy ends.
             self.memory.request_free(t, self.env.now, release_after)
+            self._requested.add(t)
+            self._free_waits[t] = [*self._d2h_active.values(), self._copied_out[t]]
         else:
             self._releasing[release_after].append(t)
+        self._d2h_active[t] = self._copied_out[t]
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._copied_out[t])
@@ -171,6 +188,7 @@ class Transfers:
         start, end = yield from self.link.copy("d2h", size, self.plan.pinned)
         self.in_flight -= 1
         self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
+        self._d2h_active.pop(t, None)
         self._copied_out[t].succeed()
         if release_after in self.finished:
             self._release_offloaded(t, release_after)
@@ -178,13 +196,47 @@ class Transfers:
             self._release_at_end[release_after].append(t)
 
     def _release_offloaded(self, t: int, op: int) -> None:
+        waits = [e for e in self._free_waits.pop(t, ()) if not e.triggered]
+        requested = t in self._requested
+        self._requested.discard(t)
+        self.h2d_used.discard(t)
+        state = HOST
         if t in self._free_pending:  # the trace freed it meanwhile: no need for the host copy
             self._free_pending.discard(t)
             self.memory.unpin(self.size[t])
-            self.memory.release(t, self.env.now, op, FREED)
+            state = FREED
+        if waits:  # other copies issued before the free still run: the event has not passed
+            self._defer(self.memory.detach(t, self.env.now, op, state, requested), t, op, waits)
         else:
-            self.memory.release(t, self.env.now, op, HOST)
+            self.memory.release(t, self.env.now, op, state)
         self._released[t].succeed()
+
+    def free_after_copies(self, t: int, op: int | None, state: Residency) -> bool:
+        """The program frees `t`, whose block a prefetch wrote (the executor's record_stream on
+        the H2D stream): PyTorch records an event on that stream at the free and reuses the
+        block only once it has passed, after every H2D copy issued before the free. True when
+        some still run: the block is detached now (free_requested) and given back when they
+        end (free_completed); False: nothing to wait for, the caller frees it."""
+        self.h2d_used.discard(t)
+        waits = [e for e in self._h2d_active.values() if not e.triggered]
+        if not waits:
+            return False
+        self._defer(self.memory.detach(t, self.env.now, op, state), t, op, waits)
+        return True
+
+    def _defer(self, block: object | None, t: int, op: int | None,
+               waits: list[simpy.Event]) -> None:
+        if block is None:
+            return
+        done = self.env.event()
+        self._returning.append(done)
+        self._procs.append(self.env.process(self._give_back(block, t, op, waits, done)))
+
+    def _give_back(self, block: object, t: int, op: int | None, waits: list[simpy.Event],
+                   done: simpy.Event) -> Generator[simpy.Event, Any, None]:
+        yield self.env.all_of(waits)
+        self.memory.give_back(block, t, self.env.now, op)
+        done.succeed()
 
     # ------------------------------------------------------------ prefetches
 
@@ -210,13 +262,17 @@ class Transfers:
             return
         if not (yield from self.allocate(t, pre.at_op, PREFETCHING)):
             return
+        self._h2d_active[t] = done
+        self.h2d_used.add(t)
         size = self.size[t]
         start, end = yield from self.link.copy("h2d", size, self.plan.pinned)
         self.in_flight -= 1
+        self._h2d_active.pop(t, None)
         self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
         self.memory.unpin(size)
         self.memory.mark(t, DEVICE)
         if t in self._free_pending:
             self._free_pending.discard(t)
+            self.h2d_used.discard(t)
             self.memory.release(t, self.env.now, pre.needed_by, FREED)
         done.succeed()
