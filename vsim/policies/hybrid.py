@@ -37,6 +37,7 @@ from .planning import (
     free_time_us,
     jit_prefetch_slots,
     recompute_chain,
+    stale_inputs,
 )
 
 
@@ -112,9 +113,9 @@ class Hybrid(FittedPolicy):
     @staticmethod
     def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...],
                       need_slot: int) -> bool:
-        """The recomputation reads only what the trace still holds then and nothing dropped
-        (swapped inputs come back for it)."""
-        if not chain:
+        """The recomputation reads only what the trace still holds then, in the state it read
+        (planning.stale_inputs), and nothing dropped (swapped inputs come back for it)."""
+        if not chain or stale_inputs(view, chain):
             return False
         return all(alive_in_trace(view, i, need_slot) and i not in ev.drops
                    for i in chain_inputs(view, chain))

@@ -97,6 +97,16 @@ class TraceView:
                 inplace[t].append(o.id)
         self._inplace = {t: tuple(sorted(ops, key=self.pos.__getitem__))
                          for t, ops in inplace.items()}
+        # op -> the tensors it updates in place, exactly (see mutated); tensor -> those ops
+        self.mutates: dict[int, frozenset[int]] = {}
+        updates: dict[int, list[int]] = defaultdict(list)
+        for o in trace.ops:
+            if o.phase == "fwd" and (is_inplace(o) or o.attr("mutates")):
+                self.mutates[o.id] = mutated(o, self)
+                for t in self.mutates[o.id]:
+                    updates[t].append(o.id)
+        self._updates = {t: tuple(sorted(ops, key=self.pos.__getitem__))
+                         for t, ops in updates.items()}
 
     def _close(self, run: list[Op]) -> None:
         lay = Layer(len(self.layers), run[0].layer, run[0].layer_type, run[0].phase,
@@ -138,6 +148,11 @@ class TraceView:
         """Saved feature maps, in the order they are produced (inputs first)."""
         ids = [t.id for t in self.trace.tensors if self.is_saved(t.id)]
         return tuple(sorted(ids, key=lambda t: (self.alloc_slot(t), t)))
+
+    def updates(self, t: int) -> tuple[int, ...]:
+        """Forward ops that update `t` in place, exactly (`mutated`), in trace order: `t`
+        holds their result, not the state a reader before them saw."""
+        return self._updates.get(t, ())
 
     def inplace_ops(self, t: int) -> tuple[int, ...]:
         """Forward ops other than its producer that modify `t` in place (aten::relu_, add_, ...):
@@ -241,3 +256,18 @@ def is_inplace(op: Op) -> bool:
         return True
     name = op.name.strip()
     return name.endswith("_") and not name.endswith("__")
+
+
+def mutated(op: Op, view: TraceView) -> frozenset[int]:
+    """The reads an in-place op updates. The recorder marks them (attribute `mutates`, from the
+    aten schema's written arguments); traces recorded before it list an in-place update only
+    as a read, and `modifies` takes every read the op did not produce (`out += identity`
+    updates `out` and reads `identity`). For those, the one read updated is taken to be the
+    most recently produced of them (`self` of `out += identity`, `result += x`, relu_)."""
+    marked = op.attr("mutates")
+    reads = [t for t in op.reads if view.tensor[t].producer != op.id]
+    if marked is not None:
+        return frozenset(t for t in marked if t in reads)
+    if len(reads) <= 1:
+        return frozenset(reads)
+    return frozenset({max(reads, key=lambda t: (view.alloc_slot(t), t))})

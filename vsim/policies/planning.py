@@ -228,20 +228,34 @@ def anchor_prefetches(view: TraceView, plan: Plan) -> Plan:
 
 
 def recompute_chain(view: TraceView, t: int) -> tuple[int, ...]:
-    """Forward ops that rebuild `t`: its producer and the ops that later modify it in place
-    (a ReLU applied in place to a convolution's output), in trace order."""
+    """Forward ops that rebuild `t`: its producer and the ops that later update it in place (a
+    ReLU applied in place to a convolution's output), in trace order; and, for each of those
+    that updates another tensor in place (an in-place SiLU writes autograd's copy of its input
+    and updates the batch norm's output), that tensor's producer and updates too: the state it
+    read is not on the device any more (see stale_inputs)."""
     producer = view.tensor[t].producer
     if producer is None:
         return ()
-    return tuple(sorted({producer, *view.inplace_ops(t)}, key=view.pos.__getitem__))
+    chain = {producer, *view.updates(t)}
+    todo = list(chain)
+    while todo:
+        for u in view.mutates.get(todo.pop(), ()):
+            p = view.tensor[u].producer
+            for o in ([] if p is None else [p]) + list(view.updates(u)):
+                if o not in chain:
+                    chain.add(o)
+                    todo.append(o)
+    return tuple(sorted(chain, key=view.pos.__getitem__))
 
 
 def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], slot: int,
                   gone: Iterable[int] = ()) -> tuple[int, ...]:
     """The fewest of `ops` (forward ops, trace order) that rebuild `targets` at `slot`: the ops
-    that write a target or modify one in place, and, recursively, those that write what they
+    that write a target or update one in place, and, recursively, those that write what they
     read when it is no longer on the device at `slot` (by the trace, or because it is in `gone`:
-    dropped by the plan though the trace still holds it)."""
+    dropped by the plan though the trace still holds it). What a chosen op updates in place is
+    never on the device in the state the op read (it holds the op's result, or a later one):
+    it is rebuilt too, from its producer (stale_inputs says when that is not among `ops`)."""
     ops = list(ops)
     among = set(ops)
     gone = set(gone)
@@ -249,9 +263,10 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     chosen: list[int] = []
     for o in reversed(ops):
         op = view.op[o]
-        if not needed.isdisjoint(op.writes) or \
-                not needed.isdisjoint(view.modifies.get(o, frozenset())):
+        mutates = view.mutates.get(o, frozenset())
+        if not needed.isdisjoint(op.writes) or not needed.isdisjoint(mutates):
             chosen.append(o)
+            needed |= mutates
             for t in op.reads:
                 producer = view.tensor[t].producer
                 if producer in among and (t in gone or not alive_in_trace(view, t, slot)):
@@ -264,6 +279,45 @@ def chain_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
     ops = [view.op[o] for o in chain]
     written = {t for o in ops for t in o.writes}
     return {t for o in ops for t in o.reads if t not in written}
+
+
+def stale_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
+    """Inputs of the chain that a forward op updates in place at or after a chain op that reads
+    them: by the recomputation the device holds a later state than the one the chain read (a
+    chain that starts at an in-place SiLU and keeps the batch norm's output, which holds SiLU's
+    result by then). The runtime refuses such a chain (ExecutorError); a plan must not hold
+    one."""
+    chain = list(chain)
+    pos = view.pos
+    first: dict[int, int] = {}
+    for o in chain:
+        for t in view.op[o].reads:
+            first[t] = min(first.get(t, pos[o]), pos[o])
+    return {t for t in chain_inputs(view, chain)
+            if any(pos[u] >= first[t] for u in view.updates(t))}
+
+
+def inseparable(view: TraceView) -> frozenset[int]:
+    """Forward layers (indices in view.fwd) after which a checkpoint must not be cut: the cut
+    would part an in-place update that also writes a tensor of its own (an in-place SiLU:
+    autograd's copy of its input) from the producer of what it updates (the batch norm). The
+    segment after the cut would keep the batch norm's output as its checkpoint, which holds
+    SiLU's result by then, and could not re-run SiLU (stale_inputs); so the cut goes before the
+    producer (recompute's segments)."""
+    got = view.memo.get("inseparable")
+    if got is None:
+        cut: set[int] = set()
+        for o, targets in view.mutates.items():
+            b = view.fwd_layer_of(o)
+            if b is None or not any(view.readers.get(w) for w in view.op[o].writes):
+                continue
+            for t in targets:
+                p = view.tensor[t].producer
+                a = None if p is None else view.fwd_layer_of(p)
+                if a is not None:
+                    cut.update(range(a, b))
+        got = view.memo["inseparable"] = frozenset(cut)
+    return got
 
 
 def alive_in_trace(view: TraceView, t: int, slot: int) -> bool:

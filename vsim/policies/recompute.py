@@ -25,9 +25,9 @@ Strategies:
   workspaces run without them (1, 2, 4, ... more per round) and the DP tries again; failing that,
   it falls back to sqrt and says so.
 
-A segment is only cut where its recomputation can read what it needs: every tensor it reads from
-outside must still be on the device when it runs (by the trace); otherwise that segment keeps its
-feature maps.
+A segment is only recomputed where its chain can read what it read: still on the device then (by
+the trace), not updated in place since (planning.stale_inputs), else it keeps its feature maps; no
+cut parts an in-place update (SiLU) from its input's producer (planning.inseparable).
 
 Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_free.
 """
@@ -49,6 +49,7 @@ from ..spec import choice
 from ..trace.schema import Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
+from . import planning
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes
 from .layers import TraceView
@@ -116,8 +117,8 @@ class Segmenter:
         # dropping, and they would stretch a segment's span to the iteration's end.
         self.saved = {t for t in view.saved if view.tensor[t].kind == "activation"
                       and view.free_slot(t) < view.n_slots}
-        self.cands = [i for i, lay in enumerate(view.fwd)
-                      if any(t in self.saved for t in view.outputs(lay))]
+        self.cands = [i for i, lay in enumerate(view.fwd) if i not in planning.inseparable(view)
+                      and any(t in self.saved for t in view.outputs(lay))]
         self._cache: dict[tuple[int, int], SegmentCost] = {}
         self._peaks: dict[tuple[int, int, int], int] = {}
         self._base: np.ndarray | None = None
@@ -145,9 +146,8 @@ class Segmenter:
 
     @classmethod
     def of(cls, view: TraceView, retimes: Sequence[Retime] = ()) -> Segmenter:
-        """The view's Segmenter for these retimes, memoised on the view: the attempts of one
-        planning (every-k for each k, the DP for each budget) share its segment costs and
-        peaks."""
+        """The view's Segmenter for these retimes, memoised on the view: one planning's
+        attempts (every-k for each k, the DP for each budget) share its costs and peaks."""
         key = ("segmenter", tuple(retimes))
         if key not in view.memo:
             view.memo[key] = cls(view, retimes)
@@ -220,8 +220,8 @@ class Segmenter:
         slot = view.before(before)
         ops = [o for i in range(lo, hi + 1) for o in view.fwd[i].ops]
         chain = rebuild_chain(view, ops, dropped, slot)
-        valid = all(alive_in_trace(view, t, slot) and t not in drop_set
-                    for t in chain_inputs(view, chain))
+        valid = not planning.stale_inputs(view, chain) and all(
+            alive_in_trace(view, t, slot) and t not in drop_set for t in chain_inputs(view, chain))
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
         transient = frozenset(t for o in chain for t in view.op[o].writes
                               if t not in drop_set and not alive_in_trace(view, t, slot))
@@ -238,9 +238,8 @@ class Segmenter:
 
     def _transient(self, written: frozenset[int]) -> int:
         view = self.view
-        return sum(view.tensor[t].size_bytes for t in written
-                   if not (view.tensor[t].kind == "workspace"
-                           and view.tensor[t].producer in self.no_workspace))
+        return sum(view.tensor[t].size_bytes for t in written if not (
+            view.tensor[t].kind == "workspace" and view.tensor[t].producer in self.no_workspace))
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last

@@ -43,6 +43,7 @@ from .planning import (
     host_pool_bytes,
     liveness_releases,
     rebuild_chain,
+    stale_inputs,
 )
 
 CHEAP = ("relu", "gelu", "pool", "bn", "lrn")
@@ -100,10 +101,12 @@ def recompute_actions(view: TraceView, seg: Segment, speed: bool,
 
 
 def feasible(view: TraceView, acts: list[Action], dropped: set[int]) -> bool:
-    """Every recomputation reads only tensors that the trace still holds at that point and that
-    no segment drops."""
-    return all(alive_in_trace(view, t, view.before(a.before_op)) and t not in dropped
-               for a in acts if isinstance(a, Recompute) for t in chain_inputs(view, a.ops))
+    """Every recomputation reads only tensors that the trace still holds at that point, in the
+    state it read (planning.stale_inputs), and that no segment drops."""
+    chains = [a for a in acts if isinstance(a, Recompute)]
+    return not any(stale_inputs(view, a.ops) for a in chains) and all(
+        alive_in_trace(view, t, view.before(a.before_op)) and t not in dropped
+        for a in chains for t in chain_inputs(view, a.ops))
 
 
 def _apply(usage: Usage, view: TraceView, acts: list[Action]) -> None:

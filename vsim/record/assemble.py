@@ -62,6 +62,7 @@ class StructureLog:
     device_type: int                      # profiler code: 0 CPU, 1 CUDA
     # per aten call: storages read, flops, bytes of tensor arguments and results
     dispatch: list[tuple[list[int], float, float]] = field(default_factory=list)
+    mutated: dict[int, list[int]] = field(default_factory=dict)  # call -> storages it updates
     saved: list[int] = field(default_factory=list)          # storage address saved for backward
     grads: list[tuple[str, str, int]] = field(default_factory=list)  # param, module, grad address
     modules: dict[str, tuple[str, bool]] = field(default_factory=dict)  # qualname -> (type, leaf)
@@ -227,6 +228,10 @@ def structure_ops(capture: Capture, log: StructureLog,
                         diag["unresolved_reads"] += 1
                     else:
                         d.reads.add(hit)
+                for addr in log.mutated.get(k, ()):
+                    hit = tracker.lookup(addr)
+                    if hit is not None:
+                        d.mutates.add(hit)
             elif name.startswith(SAVE) and k < len(log.saved):
                 hit = tracker.lookup(log.saved[k])
                 if hit is not None:

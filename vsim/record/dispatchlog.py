@@ -70,6 +70,25 @@ def call_profile(func: Any, args: Any, kwargs: Any, out: Any, flat_in: list[Any]
     return reads, flops, nbytes
 
 
+def mutated_storages(func: Any, args: Any, kwargs: Any, device_type: str,
+                     addr: Callable[[torch.Tensor], int | None]) -> list[int]:
+    """The storages an aten call writes in place (its schema's written arguments: `self` of
+    relu_ and add_, out= arguments) on `device_type`: the trace lists them among the reads and
+    marks them in the op's `mutates` attribute (which of an `add_`'s reads it updated)."""
+    schema = getattr(func, "_schema", None)
+    out: list[int] = []
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        x = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        for t in x if isinstance(x, (list, tuple)) else (x,):
+            if isinstance(t, torch.Tensor) and t.device.type == device_type:
+                got = addr(t)
+                if got is not None:
+                    out.append(got)
+    return out
+
+
 class DispatchLog(TorchDispatchMode):
     """Logs, for each aten op below autograd, the storages it reads on the recorded device, its
     flops (torch.utils.flop_counter's formulas) and the bytes of its tensor arguments and results,
@@ -92,5 +111,8 @@ class DispatchLog(TorchDispatchMode):
                                             self.device_type, tensor_addr)
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
+        mutated = mutated_storages(func, args, kwargs, self.device_type, tensor_addr)
+        if mutated:
+            self.log.mutated[n] = mutated
         marker(f"{DISPATCH}{n}")
         return out

@@ -211,6 +211,10 @@ class _SynthDispatch(dispatchlog.DispatchLog):
         launches = not _is_view(func) and name not in _NO_KERNEL
         n = len(self.log.dispatch)
         self.log.dispatch.append((reads, flops, nbytes))
+        mutated = dispatchlog.mutated_storages(func, args, kwargs, self.device_type,
+                                               self.memory.addr)
+        if mutated:
+            self.log.mutated[n] = mutated
         self.calls.append((name, launches, _conv_info(name, args, out)))
         dispatchlog.marker(f"{DISPATCH}{n}")
         return out

@@ -29,6 +29,7 @@ from ..policies.planning import (
     jit_prefetch_slots,
     liveness_releases,
     recompute_chain,
+    stale_inputs,
 )
 from ..trace.schema import Trace
 from ..workspace_free import memory_optimal_retimes
@@ -152,6 +153,8 @@ class Problem:
         if view.pos[last_fwd] < view.pos[offload_op]:
             last_fwd = offload_op
         chain = recompute_chain(view, t)
+        if stale_inputs(view, chain):  # it cannot read what it read: not droppable
+            chain = ()
         return Candidate(t, ten.size_bytes, offload_op, after, last_fwd, first_bwd, chain,
                          frozenset(chain_inputs(view, chain)))
 

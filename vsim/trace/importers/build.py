@@ -98,6 +98,7 @@ class OpDraft:
     kernels: list[Kernel] = field(default_factory=list)
     events: list[tuple[int, int]] = field(default_factory=list)
     reads: set[int] = field(default_factory=set)
+    mutates: set[int] = field(default_factory=set)  # allocs of `reads` it updates in place
     flops: float = 0.0
     dram_bytes: float = 0.0
     attrs: dict[str, Any] = field(default_factory=dict)
@@ -257,6 +258,11 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
     for i in kept:
         d = drafts[i]
         n = op_id[i]
+        attrs = dict(d.attrs)
+        mutated = sorted({tensor_of_alloc[aid] for aid in d.mutates if aid in tensor_of_alloc}
+                         & set(op_reads[i]))
+        if mutated:  # which reads it updated in place (Op.mutates)
+            attrs["mutates"] = tuple(mutated)
         writes = [tensor_of_alloc[aid] for aid, s in d.events if s > 0 and aid not in internal]
         frees = [tensor_of_alloc[aid] for aid, s in d.events
                  if s < 0 and aid not in internal and aid in tensor_of_alloc]
@@ -284,7 +290,7 @@ def build_trace(drafts: list[OpDraft], allocs: dict[int, AllocDraft],
                       stream=d.stream, reads=tuple(op_reads[i]), writes=tuple(writes),
                       frees=tuple(frees), deps=tuple(deps), kernels=tuple(d.kernels),
                       flops=d.flops, dram_bytes=d.dram_bytes,
-                      attrs=tuple(sorted(d.attrs.items()))))
+                      attrs=tuple(sorted(attrs.items()))))
     return Built(ops, tensors, op_id, tensor_of_alloc, diagnostics)
 
 
