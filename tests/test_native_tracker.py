@@ -1,0 +1,97 @@
+"""The native op tracker (vsim.runtime.native): where its callbacks are placed from a
+calibration (hand-made calibrations, no compiler needed), and a tiny CNN trained under offload
+plans with it, gradients bitwise equal to the run without a policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from vsim.runtime.native import Calibration, Unsafe, targets
+
+
+def _cal(before: list[int], inside: list[bool], views: list[bool], names: list[str],
+         outputs: dict[int, list[tuple[int, int]]] | None = None,
+         registered: dict[int, int] | None = None,
+         packs: list[tuple[int, int]] | None = None) -> Calibration:
+    n = len(before)
+    return Calibration(before, inside, names, outputs or {}, registered or {},
+                       call_op=list(range(n)), funcs=[f"aten.f{k}.default" for k in range(n)],
+                       views=views, packs=packs or [])
+
+
+def test_a_boundary_goes_before_its_counted_call_when_only_views_precede_it() -> None:
+    # counted calls: 0 (Python call 0), 1 (Python calls 1: a view, 2), 2 (Python call 3)
+    cal = _cal(before=[1, 2, 2, 3], inside=[True] * 4, views=[False, True, False, False],
+               names=["aten::a", "aten::linear", "aten::c"])
+    tg = targets(cal, boundary_calls=[2, 3], watch={})
+    assert tg.pre == {1: 2, 2: 3}
+    assert tg.flags == bytes([0, 1, 1])
+    assert tg.expect == {1: "aten::linear", 2: "aten::c"}
+
+
+def test_a_boundary_after_a_launching_call_in_the_same_counted_call_is_unsafe() -> None:
+    cal = _cal(before=[1, 1], inside=[True, True], views=[False, False], names=["aten::bn"])
+    with pytest.raises(Unsafe, match="comes after call 0"):
+        targets(cal, boundary_calls=[1], watch={})
+
+
+def test_a_boundary_at_a_call_outside_every_counted_call_fires_where_the_last_one_ended() -> None:
+    # Python call 1 runs after counted call 0 returned (autograd's own detach, say)
+    cal = _cal(before=[1, 1], inside=[True, False], views=[False, False], names=["aten::a"])
+    tg = targets(cal, boundary_calls=[1], watch={})
+    assert tg.after == {0: 1} and tg.pre == {} and tg.flags == bytes([2])
+
+
+def test_watched_outputs_are_found_by_storage_or_where_autograd_saves_them() -> None:
+    cal = _cal(before=[1, 2], inside=[True, True], views=[False, False],
+               names=["aten::conv2d", "aten::max_pool2d"],
+               outputs={0: [(0, 1000)], 1: [(0, 2000)]},
+               registered={7: 1000, 8: 2000, 9: 3000},
+               packs=[(2, 3000)])  # indices saved while counted call 1 ran
+    tg = targets(cal, boundary_calls=[], watch={0: [(0, 7)], 1: [(0, 8), (1, 9)]})
+    assert tg.post == {0: [(0, 7)], 1: [(0, 8)]}
+    assert tg.packs == {0: 9}
+    unsaved = _cal(before=[1], inside=[True], views=[False], names=["aten::bn"],
+                   outputs={0: [(0, 1000)]}, registered={9: 3000})
+    with pytest.raises(Unsafe, match="neither an output"):
+        targets(unsaved, boundary_calls=[], watch={0: [(1, 9)]})
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    from vsim.record.recorder import record_model
+    from vsim.runtime import native
+    from vsim.runtime.measure import Session
+
+    if native.load() is None:
+        pytest.fail(f"the native tracker could not be built: {native.error()}")
+    trace = record_model("tiny-cnn", 4, device="cpu", warmup=1, iters=2, timing_iters=1)
+    return trace, Session("tiny-cnn", 4, trace, device="cpu", warmup=1)
+
+
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "layrub"])
+def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
+    trace, s = cnn
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    got = s.run(policy, cap, iters=2, warmup=1)
+    ref = s.run(policy, cap, iters=2, warmup=1, tracker="python")
+    assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
+    assert ref["executed"]["tracker"] == "python"
+    assert got["check"]["bitwise_equal"]
+    assert got["d2h_bytes"] == ref["d2h_bytes"] > 0
+    assert got["executed"]["offloads"] == ref["executed"]["offloads"]
+
+
+def test_a_plan_that_recomputes_keeps_the_python_tracker(cnn) -> None:
+    from vsim.errors import ConfigError
+
+    trace, s = cnn
+    got = s.run("superneurons", iters=1, warmup=1)
+    assert got["executed"]["tracker"] == "python"
+    assert "recomputes" in got["executed"]["tracker_note"]
+    with pytest.raises(ConfigError, match="cannot run a plan that recomputes"):
+        s.run("superneurons", iters=1, warmup=0, tracker="native")
