@@ -88,6 +88,15 @@ class IterationStats:
     inplace_rerun: int = 0
     inplace_missed: int = 0
     host_us: float = 0.0  # host time spent carrying out actions (not counting the tracker)
+    # parts of host_us spent in calls that can wait for the GPU or the link (what any runtime
+    # of the same plan on PyTorch's allocator waits for): bringing a prefetched tensor's block
+    # back (an allocation, which under a cap can free cached blocks and synchronize), issuing
+    # copies (synchronous from pageable memory), waiting for a pinned-pool slot; and replaying
+    # recomputed calls (the recomputation's own launches)
+    alloc_us: float = 0.0
+    copy_us: float = 0.0
+    pool_wait_us: float = 0.0
+    recompute_us: float = 0.0
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -343,7 +352,9 @@ class Executor(Recomputation, NativeRuns):
             if ev is not None:
                 torch.cuda.current_stream().wait_event(ev)
         for rc in self.recompute_before.get(op, ()):
+            t0 = time.perf_counter()
             self._recompute(rc)
+            self.stats.recompute_us += (time.perf_counter() - t0) * 1e6
         for off in self.offload_at.get(op, ()):
             self._offload(off)
         # Last, once what the op's actions allocate (prefetch targets, recomputed tensors) is
@@ -419,7 +430,9 @@ class Executor(Recomputation, NativeRuns):
 
     def _host_buffer(self, t: int, n: int) -> torch.Tensor:
         if self.pool is not None:
+            t0 = time.perf_counter()
             got = self.pool.take(n)
+            self.stats.pool_wait_us += (time.perf_counter() - t0) * 1e6
             if got is not None:
                 self.slot[t] = (got[0], n)
                 return got[1][:n]
@@ -447,7 +460,9 @@ class Executor(Recomputation, NativeRuns):
             ev = torch.cuda.current_stream().record_event()
             self.d2h.wait_event(ev)
             with torch.cuda.stream(self.d2h):
+                t0 = time.perf_counter()
                 host.copy_(src, non_blocking=self.plan.pinned)
+                self.stats.copy_us += (time.perf_counter() - t0) * 1e6
                 self.out_ev[t] = self.d2h.record_event()
             src.record_stream(self.d2h)
         else:
@@ -491,7 +506,9 @@ class Executor(Recomputation, NativeRuns):
             return
         n = self.nbytes[t]
         host = self._host_of(t, n)
+        t0 = time.perf_counter()
         st.resize_(n)
+        self.stats.alloc_us += (time.perf_counter() - t0) * 1e6
         dst = self._view(st)
         if self.gpu:
             ev = torch.cuda.current_stream().record_event()
@@ -499,7 +516,9 @@ class Executor(Recomputation, NativeRuns):
             if t in self.out_ev:
                 self.h2d.wait_event(self.out_ev[t])
             with torch.cuda.stream(self.h2d):
+                t0 = time.perf_counter()
                 dst.copy_(host, non_blocking=self.plan.pinned)
+                self.stats.copy_us += (time.perf_counter() - t0) * 1e6
                 done = self.h2d.record_event()
             dst.record_stream(self.h2d)
             self.in_ev[t] = done

@@ -147,6 +147,13 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None) -> dict[
             "inplace_rerun": stats.inplace_rerun, "inplace_missed": stats.inplace_missed,
             "syncs": stats.syncs, "skipped": dict(stats.skipped),
             "executor_host_us": round(stats.host_us, 1),
+            # its parts (IterationStats): what can wait for the GPU or link, the recomputation
+            "executor_alloc_us": round(stats.alloc_us, 1),
+            "executor_copy_us": round(stats.copy_us, 1),
+            "executor_pool_wait_us": round(stats.pool_wait_us, 1),
+            "executor_recompute_us": round(stats.recompute_us, 1),
+            "executor_own_us": round(stats.host_us - stats.alloc_us - stats.copy_us
+                                     - stats.pool_wait_us - stats.recompute_us, 1),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
             "iterations": ex.iterations, "tracker": ex.tracker_used,
             "tracker_note": ex.tracker_note, "workspace_free_squeezed": ex.squeezed,
