@@ -185,6 +185,9 @@ class Executor(Recomputation, NativeRuns):
     def _begin(self) -> None:
         self.calls = 0
         self.cur = -1
+        # the step's stream, looked up once: torch.cuda.current_stream() costs ~10 us of host
+        # time a call (device-index checks), and actions used it seven times per tensor
+        self.cs: Any = torch.cuda.current_stream(self.device) if self.gpu else None
         self.storage: dict[int, Any] = {}
         self.nbytes: dict[int, int] = {}
         self.state: dict[int, str] = {}
@@ -284,7 +287,7 @@ class Executor(Recomputation, NativeRuns):
             if host is None:
                 raise ExecutorError(f"input tensor {t} was released without a host copy")
             if self.gpu:
-                torch.cuda.current_stream().wait_stream(self.d2h)
+                self.cs.wait_stream(self.d2h)
             self._view(st).copy_(host[:self.nbytes[t]])
             self.state[t] = "device"
             self.stats.skipped["input restored at the end"] += 1
@@ -350,7 +353,7 @@ class Executor(Recomputation, NativeRuns):
         for t in self.needs.get(op, ()):
             ev = self.in_ev.pop(t, None)
             if ev is not None:
-                torch.cuda.current_stream().wait_event(ev)
+                self.cs.wait_event(ev)
         for rc in self.recompute_before.get(op, ()):
             t0 = time.perf_counter()
             self._recompute(rc)
@@ -374,7 +377,7 @@ class Executor(Recomputation, NativeRuns):
         for t in self.release_after.get(op, ()):
             self._free(t, "released")
         if op in self.sync_after and self.gpu:
-            cs = torch.cuda.current_stream()
+            cs = self.cs
             cs.wait_stream(self.d2h)
             cs.wait_stream(self.h2d)
             self.stats.syncs += 1
@@ -457,13 +460,15 @@ class Executor(Recomputation, NativeRuns):
         host = self._host_buffer(t, n)
         src = self._view(st)
         if self.gpu:
-            ev = torch.cuda.current_stream().record_event()
-            self.d2h.wait_event(ev)
-            with torch.cuda.stream(self.d2h):
+            self.d2h.wait_event(self.cs.record_event())
+            torch.cuda.set_stream(self.d2h)  # not torch.cuda.stream(): it looks streams up
+            try:
                 t0 = time.perf_counter()
                 host.copy_(src, non_blocking=self.plan.pinned)
                 self.stats.copy_us += (time.perf_counter() - t0) * 1e6
                 self.out_ev[t] = self.d2h.record_event()
+            finally:
+                torch.cuda.set_stream(self.cs)
             src.record_stream(self.d2h)
         else:
             host.copy_(src)
@@ -511,15 +516,17 @@ class Executor(Recomputation, NativeRuns):
         self.stats.alloc_us += (time.perf_counter() - t0) * 1e6
         dst = self._view(st)
         if self.gpu:
-            ev = torch.cuda.current_stream().record_event()
-            self.h2d.wait_event(ev)
+            self.h2d.wait_event(self.cs.record_event())
             if t in self.out_ev:
                 self.h2d.wait_event(self.out_ev[t])
-            with torch.cuda.stream(self.h2d):
+            torch.cuda.set_stream(self.h2d)
+            try:
                 t0 = time.perf_counter()
                 dst.copy_(host, non_blocking=self.plan.pinned)
                 self.stats.copy_us += (time.perf_counter() - t0) * 1e6
                 done = self.h2d.record_event()
+            finally:
+                torch.cuda.set_stream(self.cs)
             dst.record_stream(self.h2d)
             self.in_ev[t] = done
         else:
