@@ -2,7 +2,8 @@
 model, the iteration with no policy, with each tracker on under an empty plan (the tracker's
 own cost), and per plan the iteration and the executor's host time per tracker.
 
-    python validation/runtime/summarize.py [validation/runtime/tracker]
+    python validation/runtime/summarize.py [FOLDER]   (default validation/runtime/tracker;
+    the JSON files under it, a sub-folder per run)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "validation/runtime/tracker")
     runs: dict[str, list[dict]] = {}
-    for f in sorted(root.glob("run*/*.json")):
+    for f in sorted(root.glob("**/*.json")):
         d = json.loads(f.read_text())
         runs.setdefault(d["id"], []).append(d | {"run": f.parent.name})
     models = sorted({i.split("-none")[0] for i in runs if i.endswith("-none")})

@@ -69,6 +69,7 @@ void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stac
   bool was = S.paused;
   S.paused = true;
   {
+    c10::impl::ExcludeDispatchKeyGuard own(KEY);  // the executor's own calls
     py::gil_scoped_acquire gil;
     try {
       py::object out = py::none();
@@ -122,6 +123,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   if (f & PRE) call_back(c, op, stack, false);
   {
     Depth d;
+    // calls made inside this one skip the key altogether: a boxed fallback costs every call it
+    // sees a boxing and unboxing of its arguments, and inner calls are not counted anyway
+    c10::impl::ExcludeDispatchKeyGuard inner(KEY);
     op.redispatchBoxed(after, stack);
   }
   if (f & POST) call_back(c, op, stack, true);
