@@ -121,3 +121,27 @@ def test_runtime_cost_can_be_switched_off() -> None:
             for cost in (None, False)}
     assert runs[None] > runs[False] * 1.5  # 69 ms against 29 ms
     assert time.perf_counter() - t0 < 30
+
+
+def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
+    """run_plan(tracker=): vsim's runtime runs offload-only plans under its C++ op counter (no
+    per-op tracker cost) and recomputing plans under the Python tracker (tracker_us_per_op per
+    op); validate passes the measured run's own tracker."""
+    from vsim.allocator import make_allocator
+    from vsim.engine import run_plan
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+    from vsim.validate import measured_tracker
+
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("vdnn:mode=all").plan(trace, hw, hw.capacity_bytes)
+    time = {t: run_plan(trace, hw, plan, make_allocator("exact"), tracker=t,
+                        first_iteration=False).report["iteration_time_us"]
+            for t in (None, "native", "python")}
+    assert time[None] == time["native"] < time["python"]
+    assert measured_tracker({"executed": {"tracker": "native"}}) == "native"
+    assert measured_tracker({"executed": {"offloads": 3}}) == "python"  # measured before it
+    assert measured_tracker({"executed": None}) is None

@@ -189,6 +189,16 @@ def repeat_spread(measured: dict[str, Any]) -> dict[str, float] | None:
     return {"min_us": vals[0], "max_us": vals[-1], "relative": (vals[-1] - vals[0]) / mid}
 
 
+def measured_tracker(measured: dict[str, Any]) -> str | None:
+    """The op tracker the measured run's executor used (`executed.tracker`; runs before the
+    native tracker used the Python one); None without an executor (the runtime's choice)."""
+    executed = measured.get("executed")
+    if not isinstance(executed, dict):
+        return None
+    got = executed.get("tracker", "python")
+    return got if got in ("python", "native") else "python"
+
+
 def run_case(case: Case, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None,
              runtime_cost: bool | None = None) -> dict[str, Any]:
@@ -210,7 +220,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
     try:
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                           case.memory_bytes, first_iteration, workspace_fallback,
-                          runtime_cost=runtime_cost)
+                          runtime_cost=runtime_cost, tracker=measured_tracker(measured))
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],

@@ -97,6 +97,7 @@ class IterationStats:
     copy_us: float = 0.0
     pool_wait_us: float = 0.0
     recompute_us: float = 0.0
+    tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -225,6 +226,7 @@ class Executor(Recomputation, NativeRuns):
             # only backward breaks, so an iteration stopped in forward (out of memory) would
             # keep its activations for good.
             mode = self._iteration_mode()
+            self.stats.tracker = "python" if mode == "calibrate" else mode
             if mode == "native" and not self.saves_needed():
                 # autograd's own saving makes no counted call: the hook's host cost (a Python
                 # call per saved tensor, +8 ms on resnet152-b32) is not paid

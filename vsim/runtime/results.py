@@ -155,7 +155,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None) -> dict[
             "executor_own_us": round(stats.host_us - stats.alloc_us - stats.copy_us
                                      - stats.pool_wait_us - stats.recompute_us, 1),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
-            "iterations": ex.iterations, "tracker": ex.tracker_used,
+            "iterations": ex.iterations, "tracker": stats.tracker,
             "tracker_note": ex.tracker_note, "workspace_free_squeezed": ex.squeezed,
             "workspace_free_missed": ex.squeeze_missed}
 
