@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
@@ -56,3 +57,22 @@ class PinnedPool:
 
     def put(self, offset: int, size: int, event: Any) -> None:
         self.pending.append((event, offset, (int(size) + 511) // 512 * 512))
+
+
+_POOLS: dict[bool, PinnedPool] = {}  # pinned -> the process's pool, reused by every executor
+
+
+def process_pool(size_bytes: int, pin: bool) -> PinnedPool | None:
+    """The process's pinned pool (pageable where `pin` is false) of at least `size_bytes`,
+    replaced by a larger one when a plan needs more (cudaHostAlloc costs about 0.65 s per GiB on
+    the H100 machine: paid once per process, outside any timing); None for a plan without one
+    (`size_bytes` 0). Executors whose iterations do not overlap share it (each resets it)."""
+    if size_bytes <= 0:
+        return None
+    pool = _POOLS.get(pin)
+    if pool is None or pool.size < size_bytes:
+        _POOLS.pop(pin, None)
+        pool = None
+        gc.collect()
+        pool = _POOLS[pin] = PinnedPool(size_bytes, pin=pin)
+    return pool

@@ -24,6 +24,7 @@ from ..record.hostprobe import probe_host
 from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
+from .hostmem import process_pool
 from .opmap import OpMap, map_ops
 from .results import (
     FORMAT,
@@ -39,7 +40,6 @@ from .results import (
     provenance,
 )
 
-_POOLS: dict[bool, PinnedPool] = {}  # pinned -> the process's pool, reused across sessions
 Progress = Callable[[str], None]
 
 
@@ -249,18 +249,8 @@ class Session:
                                         "would read it")
 
     def _pool(self, plan: Plan) -> PinnedPool | None:
-        """The process's pinned pool, grown when a plan needs more (cudaHostAlloc costs about
-        0.65 s per GiB on the H100 machine: paid once per process, outside the timing)."""
-        if plan.pinned_pool_bytes <= 0:
-            return None
-        pin = self.gpu and plan.pinned
-        pool = _POOLS.get(pin)
-        if pool is None or pool.size < plan.pinned_pool_bytes:
-            _POOLS.pop(pin, None)
-            pool = None
-            gc.collect()
-            pool = _POOLS[pin] = PinnedPool(plan.pinned_pool_bytes, pin=pin)
-        return pool
+        """The process's pinned pool for the plan (vsim.runtime.hostmem.process_pool)."""
+        return process_pool(plan.pinned_pool_bytes, self.gpu and plan.pinned)
 
     # ------------------------------------------------------------ one case
 
