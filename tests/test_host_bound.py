@@ -33,7 +33,8 @@ def test_a_host_bound_iteration_is_the_hosts_time_whatever_the_kernels_take():
     plan = Plan(actions=(Offload(1, at_op=0, release_after=1), Prefetch(1, at_op=2, needed_by=3)))
     times = {}
     for dur in (1.0, 2.0):
-        r = run_plan(four_ops(dur), hw, plan, make_allocator("exact"), host_time=True).report
+        r = run_plan(four_ops(dur), hw, plan, make_allocator("exact"), host_time=True,
+                     tracker="python").report
         times[dur] = r
     # Host per op (no name in the host model: its phase's median): fwd 41.87 us, bwd 56.43 us;
     # tracked: + tracker_us_per_op (48.5) per op and copy_us (150.3) before op0 (offload) and
@@ -47,6 +48,10 @@ def test_a_host_bound_iteration_is_the_hosts_time_whatever_the_kernels_take():
     assert times[1.0]["stall_time_us"] == 0.0
     note = [n for n in times[1.0]["notes"] if n.startswith("host-bound")]
     assert len(note) == 1 and "vsim's runtime's tracker" in note[0]
+    # The runtime runs an offload-only plan under its native tracker: no per-op tracker cost.
+    native = run_plan(four_ops(1.0), hw, plan, make_allocator("exact"), host_time=True).report
+    assert native["iteration_time_us"] == pytest_approx(issue3 - 4 * host.tracker_us_per_op
+                                                        + 1.0)
     # An ideal runtime (tracked=False) issues at PyTorch's own cost: 2 x 41.87 + 2 x 56.43.
     r = run_plan(four_ops(1.0), hw, plan, make_allocator("exact"), host_time=True,
                  tracked=False).report

@@ -387,7 +387,9 @@ class _Reader:
             kernels=tuple(kernels),
             flops=self.number(args.get("flops", 0.0), f"{ap}.flops"),
             dram_bytes=self.number(args.get("dram_bytes", 0.0), f"{ap}.dram_bytes"),
-            attrs=tuple(sorted(attrs.items())))
+            # JSON arrays come back as tuples, as the recorder made them (Op.mutates)
+            attrs=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                               for k, v in attrs.items())))
 
     def copy(self, ev: dict[str, Any], path: str) -> Copy:
         args = self.obj(self.key(ev, "args", path), f"{path}.args")
