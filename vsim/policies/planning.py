@@ -247,14 +247,16 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     gone = set(gone)
     needed = set(targets)
     chosen: list[int] = []
+    # (the DP's segment shapes call this thousands of times: names bound once)
+    by_id, tensor, modifies, none = view.op, view.tensor, view.modifies, frozenset[int]()
+    alloc, free = view.alloc_slot, view.free_slot
     for o in reversed(ops):
-        op = view.op[o]
-        if not needed.isdisjoint(op.writes) or \
-                not needed.isdisjoint(view.modifies.get(o, frozenset())):
+        op = by_id[o]
+        if not needed.isdisjoint(op.writes) or not needed.isdisjoint(modifies.get(o, none)):
             chosen.append(o)
             for t in op.reads:
-                producer = view.tensor[t].producer
-                if producer in among and (t in gone or not alive_in_trace(view, t, slot)):
+                if tensor[t].producer in among and (t in gone or not
+                                                    alloc(t) <= slot < free(t)):
                     needed.add(t)
     return tuple(reversed(chosen))
 
