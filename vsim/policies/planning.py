@@ -150,12 +150,18 @@ class Timeline:
         self.hw = hw
         starts = [o.start_us for o in view.ops]
         self.starts = list(np.maximum.accumulate(starts)) if starts else []
+        self._d2h: dict[int, float] = {}  # by size: planners ask for the same sizes often
+        self._h2d: dict[int, float] = {}
 
     def d2h_us(self, size: int) -> float:
-        return self.hw.d2h.pinned.copy_time_us(size)
+        if size not in self._d2h:
+            self._d2h[size] = self.hw.d2h.pinned.copy_time_us(size)
+        return self._d2h[size]
 
     def h2d_us(self, size: int) -> float:
-        return self.hw.h2d.pinned.copy_time_us(size)
+        if size not in self._h2d:
+            self._h2d[size] = self.hw.h2d.pinned.copy_time_us(size)
+        return self._h2d[size]
 
     def op_at(self, time_us: float) -> int:
         """Position of the op running at `time_us` (the last one started by then)."""
