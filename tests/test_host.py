@@ -145,3 +145,31 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
     assert measured_tracker({"executed": {"tracker": "native"}}) == "native"
     assert measured_tracker({"executed": {"offloads": 3}}) == "python"  # measured before it
     assert measured_tracker({"executed": None}) is None
+
+
+def test_the_host_model_is_read_once_per_file_version(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine run asks for the host model: it is parsed once (issue 14, planning time),
+    and again only when the file changes."""
+    import os
+
+    import vsim.host as host
+    f = tmp_path / "gpu.yaml"
+    f.write_text("by_phase: {fwd: 10, bwd: 20}\n")
+    reads: list[Path] = []
+    real = host.read_host_model
+
+    def counting(path: Path) -> host.HostModel:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(host, "read_host_model", counting)
+    first = host.load_host_model("gpu", tmp_path)
+    assert first is not None and host.load_host_model("gpu", tmp_path) is first
+    assert len(reads) == 1
+    f.write_text("by_phase: {fwd: 30, bwd: 20}\n")
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    changed = host.load_host_model("gpu", tmp_path)
+    assert len(reads) == 2 and changed is not None and changed.by_phase["fwd"] == 30
+    assert host.load_host_model("missing", tmp_path) is None

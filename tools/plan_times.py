@@ -13,7 +13,7 @@ import sys
 import time
 
 from vsim.allocator import make_allocator
-from vsim.engine import run_plan
+from vsim.engine import planning_runner, run_plan
 from vsim.hardware import load_hardware
 from vsim.policies import make_policy, registry
 from vsim.policies.base import example_specs
@@ -41,6 +41,7 @@ def main() -> int:
     args = ap.parse_args()
     hw = load_hardware(args.hw)
     alloc = make_allocator("caching")
+    runner = planning_runner(alloc)  # as `vsim run` plans: profiling runs on the run's allocator
     for path in args.traces:
         trace = load_trace(path)
         none = run_plan(trace, hw, make_policy("none").plan(trace, hw, hw.capacity_bytes),
@@ -54,7 +55,7 @@ def main() -> int:
                 signal.signal(signal.SIGALRM, _timeout)
                 signal.alarm(args.timeout)
                 try:
-                    plan = pol.plan_with(trace, hw, cap, run_plan)
+                    plan = pol.plan_with(trace, hw, cap, runner)
                     plan_s = time.process_time() - t0
                     rep = run_plan(trace, hw, plan, alloc, cap).report
                     out = {"fits": rep["fits"], "iter_ms": round(rep["iteration_time_us"] / 1e3, 3)}

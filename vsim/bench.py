@@ -4,8 +4,8 @@ Measures raw SimPy event throughput (one process doing timeouts: the ceiling for
 model), vsim's simulated events per second on the shipped traces, their ratio, the time to
 simulate one vgg16(256) iteration under vdnn, a synthesized resnet1001 iteration, sweep
 configurations per second, simulation time over the measured iteration it predicts, and each
-built-in policy's planning time (densenet121, resnet152, resnet1001, uncapped and at 0.6 of the
-uncapped peak; vgg16(64) uncapped under --quick).
+built-in policy's planning time (densenet121, resnet152, the synthesized resnet1001 and
+resnet1517, uncapped and at 0.6 of the uncapped peak; vgg16(64) uncapped under --quick).
 Each figure is the best of a few repetitions (least disturbed by other load).
 
 A simulated event is an event of the modelled GPU: an op (or a recomputed op) starting or
@@ -164,7 +164,8 @@ def run_bench(root: Path, progress: Callable[[str], None] | None = None,
         planning["vgg16-b64"] = planning_seconds(
             load_trace(root / "traces" / "vgg16-b64-h100.vsim.json.gz"), "h100-sxm")
     else:
-        for name in ("densenet121-b64-h100", "resnet152-b32-h100", "resnet1001-b32-synthetic"):
+        for name in ("densenet121-b64-h100", "resnet152-b32-h100", "resnet1001-b32-synthetic",
+                     "resnet1517-b32-synthetic"):
             path = root / "traces" / f"{name}.vsim.json.gz"
             if path.exists():
                 t = load_trace(path)

@@ -161,6 +161,14 @@ class RunPlan(Protocol):
                  capacity_bytes: int | None = None) -> Any: ...
 
 
+def iteration_floor(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan) -> float:
+    """A lower bound on the iteration time `run_plan` reports for `plan` run with allocator None
+    (a profiling run), where the runner knows one (engine.planning_runner: no op starts before
+    the host has issued it); else 0. Planners skip candidates that cannot beat the best found."""
+    floor = getattr(run_plan, "iteration_floor", None)
+    return 0.0 if floor is None else float(floor(trace, hw, plan))
+
+
 class Planner(Protocol):
     """What the engine needs of a policy (vsim.policies.base.Policy is one): its plan, made
     with `run_plan` for any profiling run, and its spec string for the report."""

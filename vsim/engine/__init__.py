@@ -23,10 +23,12 @@ from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..host import HostModel, load_host_model
-from ..plan import Plan, Planner, Recompute, Retime, RunPlan
+from ..plan import Plan, PlanIndex, Planner, Recompute, Retime, RunPlan
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
+from . import floor
+from .hostclock import HostClock
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
 __all__ = ["PlanError", "SimResult", "planning_runner", "run_plan", "simulate"]
@@ -94,24 +96,64 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
                     tracked=tracked, label=policy.spec(), tracker=tracker)
 
 
-def planning_runner(run_allocator: AllocatorSpec, *, first_iteration: bool | None = None,
+def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: bool | None = None,
                     workspace_fallback: bool | None = None, host_time: bool | None = None,
                     tracked: bool | None = None) -> RunPlan:
     """The run_plan a policy plans with for a run on `run_allocator` (with these options): called
     with allocator None, as the policies' profiling runs call it, it runs the plan as the run
     itself will, so that a plan judged to fit fits the run (issue 14: the caching allocator's
     rounding, the first iteration and the workspace fallback decide what fits); called with an
-    allocator, it is run_plan."""
+    allocator, it is run_plan. `run_allocator` None: PyTorch's caching allocator (a plan made
+    outside a simulation). Its `iteration_floor(trace, hw, plan)` is a lower bound on the
+    iteration time such a profiling run reports (plan.iteration_floor)."""
+    return _PlanningRunner(run_allocator, first_iteration, workspace_fallback, host_time,
+                           tracked)
 
-    def runner(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
-               capacity_bytes: int | None = None) -> SimResult:
+
+class _PlanningRunner:
+    def __init__(self, run_allocator: AllocatorSpec | None, first_iteration: bool | None,
+                 workspace_fallback: bool | None, host_time: bool | None, tracked: bool | None
+                 ) -> None:
+        self.run_allocator = run_allocator
+        self.first_iteration, self.workspace_fallback = first_iteration, workspace_fallback
+        self.host_time, self.tracked = host_time, tracked
+        self._free_us: dict[tuple[int, str], tuple[Trace, dict[int, float]]] = {}
+
+    def __call__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
+                 capacity_bytes: int | None = None) -> SimResult:
         if allocator is not None:
             return run_plan(trace, hw, plan, allocator, capacity_bytes)
-        return run_plan(trace, hw, plan, run_allocator, capacity_bytes,
-                        first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-                        host_time=host_time, tracked=tracked)
+        return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
+                        first_iteration=self.first_iteration,
+                        workspace_fallback=self.workspace_fallback, host_time=self.host_time,
+                        tracked=self.tracked)
 
-    return runner
+    def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
+        """A lower bound on the iteration time this runner's profiling run reports for `plan`
+        (vsim.engine.floor), with the host model and tracking its runs use."""
+        host = _host_model(trace, hw, self.host_time, plan)
+        tracked = bool(plan.actions) if self.tracked is None else self.tracked
+        clock = None if host is None else HostClock(trace, host, tracked, PlanIndex(plan))
+        key = (id(trace), hw.name)
+        if key not in self._free_us or self._free_us[key][0] is not trace:
+            self._free_us[key] = (trace, {r.op: r.dur_us
+                                          for r in memory_optimal_retimes(trace, hw)[0]})
+        return floor.iteration_floor(trace, hw, plan, clock, self._free_us[key][1])
+
+
+def _host_model(trace: Trace, hw: Hardware, host_time: bool | None, plan: Plan,
+                tracker: str | None = None) -> HostModel | None:
+    """The host model a run uses (run_plan's `host_time`), or None; without the Python
+    tracker's cost per op where vsim's runtime runs the plan under its native one (run_plan's
+    `tracker`)."""
+    if not (host_time or (host_time is None and trace.meta.get("torch"))):
+        return None
+    host = load_host_model(hw.name)
+    if tracker is None:
+        tracker = "python" if any(isinstance(a, Recompute) for a in plan.actions) else "native"
+    if host is None or tracker == "python":
+        return host
+    return dataclasses.replace(host, tracker_us_per_op=0.0)
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
@@ -158,15 +200,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
     fallback = _WorkspaceFree(trace, hw, plan) if workspace_fallback else None
-    host = None
-    if host_time or (host_time is None and trace.meta.get("torch")):
-        host = load_host_model(hw.name)
+    host = _host_model(trace, hw, host_time, plan, tracker)
     if tracked is None:
         tracked = bool(plan.actions)
-    if tracker is None:
-        tracker = "python" if any(isinstance(a, Recompute) for a in plan.actions) else "native"
-    if host is not None and tracker != "python":
-        host = dataclasses.replace(host, tracker_us_per_op=0.0)
     out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host, tracked)
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
     return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)

@@ -64,12 +64,15 @@ class HostClock:
         """When the host issues recorded op `op`."""
         return self.issue[op] + self.extra_us
 
+    def recompute_us(self, op: Op) -> float:
+        """Host time to re-run a forward op (the executor's replay when tracked)."""
+        if self.tracked and self.model.recompute_call_us > 0:
+            return self.model.recompute_call_us
+        return self.model.op_us(op)
+
     def recompute(self, op: Op) -> None:
         """The host re-runs a forward op before the one that needs its output."""
-        if self.tracked and self.model.recompute_call_us > 0:
-            self.extra_us += self.model.recompute_call_us
-        else:
-            self.extra_us += self.model.op_us(op)
+        self.extra_us += self.recompute_us(op)
 
     def spend(self, us: float) -> None:
         self.extra_us += us

@@ -66,12 +66,13 @@ class Policy:
 
 
 def default_run_plan() -> RunPlan:
-    """vsim.engine.run_plan, for plan() called outside a simulation. The engine is below the
-    policies (it runs plans and knows no policy), so this import goes down the layers; inside
-    a simulation the engine passes run_plan to plan_with itself."""
-    from ..engine import run_plan
+    """vsim.engine.run_plan (as engine.planning_runner for PyTorch's caching allocator), for
+    plan() called outside a simulation. The engine is below the policies (it runs plans and
+    knows no policy), so this import goes down the layers; inside a simulation the engine
+    passes its runner to plan_with itself."""
+    from ..engine import planning_runner
 
-    return run_plan
+    return planning_runner(None)
 
 
 _REGISTRY: dict[str, type[Policy]] = {}

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from ..hardware import Hardware
-from ..plan import Plan, PlanBuilder, Release, Retime, RunPlan
+from ..plan import Plan, PlanBuilder, Release, Retime, RunPlan, iteration_floor
 from ..trace.schema import Trace
 from ..units import format_size
 from .base import Policy
@@ -49,6 +49,10 @@ class Judge:
             self.runs += 1
             self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
         return self._seen[key]
+
+    def floor(self, plan: Plan) -> float:
+        """A lower bound on the time `self(plan)` reports (plan.iteration_floor; 0 if none)."""
+        return iteration_floor(self.run_plan, self.trace, self.hw, plan)
 
     def time_if_fits(self, plan: Plan) -> float | None:
         r = self(plan)

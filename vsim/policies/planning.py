@@ -150,12 +150,18 @@ class Timeline:
         self.hw = hw
         starts = [o.start_us for o in view.ops]
         self.starts = list(np.maximum.accumulate(starts)) if starts else []
+        self._d2h: dict[int, float] = {}  # by size: planners ask for the same sizes often
+        self._h2d: dict[int, float] = {}
 
     def d2h_us(self, size: int) -> float:
-        return self.hw.d2h.pinned.copy_time_us(size)
+        if size not in self._d2h:
+            self._d2h[size] = self.hw.d2h.pinned.copy_time_us(size)
+        return self._d2h[size]
 
     def h2d_us(self, size: int) -> float:
-        return self.hw.h2d.pinned.copy_time_us(size)
+        if size not in self._h2d:
+            self._h2d[size] = self.hw.h2d.pinned.copy_time_us(size)
+        return self._h2d[size]
 
     def op_at(self, time_us: float) -> int:
         """Position of the op running at `time_us` (the last one started by then)."""
@@ -261,15 +267,18 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     gone = set(gone)
     needed = set(targets)
     chosen: list[int] = []
+    # (the DP's segment shapes call this thousands of times: names bound once)
+    by_id, tensor, mutates_of, none = view.op, view.tensor, view.mutates, frozenset[int]()
+    alloc, free = view.alloc_slot, view.free_slot
     for o in reversed(ops):
-        op = view.op[o]
-        mutates = view.mutates.get(o, frozenset())
+        op = by_id[o]
+        mutates = mutates_of.get(o, none)
         if not needed.isdisjoint(op.writes) or not needed.isdisjoint(mutates):
             chosen.append(o)
             needed |= mutates
             for t in op.reads:
-                producer = view.tensor[t].producer
-                if producer in among and (t in gone or not alive_in_trace(view, t, slot)):
+                if tensor[t].producer in among and (t in gone or not
+                                                    alloc(t) <= slot < free(t)):
                     needed.add(t)
     return tuple(reversed(chosen))
 

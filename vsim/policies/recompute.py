@@ -143,6 +143,15 @@ class Segmenter:
                 view.bwd_to_fwd.get(bwd_index.get(id(lay), -1)) if lay.phase == "bwd" else None
             owner.append(-1 if fl is None else fl)
         self.slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
+        by_layer = np.argsort(self.slot_layer, kind="stable")  # per forward layer, its slots
+        cut = np.searchsorted(self.slot_layer[by_layer], np.arange(len(view.fwd) + 1))
+        self.layer_slots = [by_layer[cut[i]:cut[i + 1]] for i in range(len(view.fwd))]
+        # saved maps by producing layer (layer i's from map_off[i]): id, alloc, free, bytes, drop
+        ms = [t for ts in self.produced for t in ts]
+        self.map_off = np.concatenate([[0], np.cumsum([len(ts) for ts in self.produced])])
+        self.maps = [np.array(x, dtype=np.int64).reshape(-1) for x in (
+            ms, [view.alloc_slot(t) for t in ms], [view.free_slot(t) for t in ms],
+            [view.tensor[t].size_bytes for t in ms], [view.end(self.last_use(t)) for t in ms])]
 
     @classmethod
     def of(cls, view: TraceView, retimes: Sequence[Retime] = ()) -> Segmenter:
@@ -318,35 +327,25 @@ class Segmenter:
         recomputation (with its transient intermediates). Here: the own maps' part."""
         view, c = self.view, self._shape(a, b)
         layers = self.layers(a, b)
-        ops = [o for i in layers for o in view.fwd[i].ops]
-        produced = [t for o in ops for t in view.op[o].writes if t in self.saved]
-        lo = min(view.alloc_slot(t) for t in produced)
-        hi = max(view.free_slot(t) for t in produced)
-        own = np.zeros(hi - lo + 1, dtype=np.int64)
-        dropped = set(c.dropped) if c.valid else set()
+        ids, alloc, free, size, drop_end = (x[self.map_off[layers.start]:
+                                                self.map_off[layers.stop]] for x in self.maps)
+        lo, hi = int(alloc.min()), int(free.max())
         rc = view.before(c.before_op) if c.before_op is not None and c.valid else None
-        for t in produced:
-            size = view.tensor[t].size_bytes
-            a0, f0 = view.alloc_slot(t) - lo, view.free_slot(t) - lo
-            if t in dropped and rc is not None:
-                d0 = view.end(self.last_use(t)) - lo
-                own[a0] += size
-                own[d0] -= size
-                own[rc - lo] += size
-                own[f0] -= size
-            else:
-                own[a0] += size
-                own[f0] -= size
-        prof = np.cumsum(own)[:-1]
+        # where the own maps' bytes change: allocations, frees, drops and the recomputation
+        at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
+        if rc is not None:
+            dropped = np.isin(ids, np.array(c.dropped, dtype=np.int64))
+            at = np.concatenate([at, drop_end[dropped], np.full(int(dropped.sum()), rc)])
+            by = np.concatenate([by, -size[dropped], size[dropped]])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
-        lay = self.slot_layer[lo:hi]
-        mask = (lay >= layers.start) & (lay < layers.stop)
-        if rc is not None:
-            mask[rc - lo] = True
-        idx = np.nonzero(mask)[0]
-        at = None if rc is None else int(np.searchsorted(idx, rc - lo))
-        return idx + lo, prof[idx], at
+        idx = np.concatenate([self.layer_slots[i] for i in layers])
+        idx = idx[(idx >= lo) & (idx < hi)]
+        idx = np.sort(idx if rc is None or rc in idx else np.append(idx, rc))
+        order = np.argsort(at, kind="stable")
+        cum = np.concatenate([[0], np.cumsum(by[order])])
+        prof = cum[np.searchsorted(at[order], idx, side="right")]
+        return idx, prof, None if rc is None else int(np.searchsorted(idx, rc))
 
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
@@ -474,9 +473,9 @@ class Checkpointing(FittedPolicy):
         cands.append(("sqrt", builder(dataclasses.replace(self, strategy="sqrt"))))
         cands += [(f"every-k k={k}", builder(dataclasses.replace(self, strategy="every-k", k=k)))
                   for k in every_k_range(n)]
-        # Candidates in order of their recomputation time; a candidate whose time without
-        # memory pressure plus its recomputation cannot beat the best found is not run (its
-        # recomputed ops add their recorded time at least: retimes only slow ops down).
+        # Candidates in order of their recomputation time; one that cannot beat the best found
+        # is not run: its time unpressed plus its recomputation (retimes only slow ops down)
+        # or, for sqrt and every-k and their loops, its host issue time (judge.floor) is above.
         floor = self._free_time(run_plan, trace, hw, capacity_bytes)
         plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
                         for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
@@ -490,14 +489,14 @@ class Checkpointing(FittedPolicy):
                  lean.usage([a for a in c[3].actions if isinstance(a, (Drop, RecomputeAction))]
                             ).peak <= capacity_bytes]
         best: tuple[float, str, Plan] | None = None
-        pruned = 0
+        lows = {id(c[3]): 0.0 if c[2] is cands[0][1] else judge.floor(c[3]) for c in plans}
 
-        def hopeless(rc_us: float) -> bool:
-            return best is not None and floor + rc_us * (1 - 1e-9) >= best[0]
+        def hopeless(rc_us: float, plan: Plan) -> bool:
+            low = max(floor + rc_us, lows[id(plan)])
+            return best is not None and low * (1 - 1e-9) >= best[0]
 
         for rc_us, what, _, plan in plans:
-            if hopeless(rc_us):
-                pruned += 1
+            if hopeless(rc_us, plan):
                 continue
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
@@ -508,7 +507,7 @@ class Checkpointing(FittedPolicy):
         # DP's own escalation runs below, only when nothing else fits.)
         for escalate in (False, True):
             for rc_us, what, b, plan in plans:
-                if hopeless(rc_us) or judge.time_if_fits(plan) is not None or \
+                if hopeless(rc_us, plan) or judge.time_if_fits(plan) is not None or \
                         (escalate and b is cands[0][1]):
                     continue
                 fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)

@@ -27,6 +27,7 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from ..plan import Action, Drop, Plan, Recompute
@@ -191,19 +192,15 @@ class SuperNeurons(FittedPolicy):
         others = [t for t in view.saved if t not in conv_out and t not in dropped]
         n_others = 0
         for pool in (conv_out, others):
+            # Least recently used first. Blocking, a swap's window does not depend on the
+            # swaps chosen before it: the candidates are sorted once (planning time, issue 14).
+            lru = sorted((view.end(ev.last_fwd_use(t)), t, *ev.swap_window(t)) for t in pool)
             while (x := ev.usage.over(budget)) is not None:
-                best: tuple[int, int] | None = None
-                for t in pool:
-                    if t in ev.swaps:
-                        continue
-                    lo, hi = ev.swap_window(t)
-                    if lo <= x < hi:
-                        key = (view.end(ev.last_fwd_use(t)), t)  # least recently used first
-                        if best is None or key < best:
-                            best = key
+                best = next((t for _, t, lo, hi in lru if lo <= x < hi and t not in ev.swaps),
+                            None)
                 if best is None:
                     break
-                ev.add_swap(best[1])
+                ev.add_swap(best)
                 n_others += pool is others
         ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
         notes = list(at.retime_notes)
@@ -232,11 +229,17 @@ def _conv_output(view: TraceView, t: int) -> bool:
 def _previous_bwd_conv(view: TraceView, s: Swap) -> int:
     """Start slot of the last backward CONV layer that starts before the layer that needs the
     tensor: SuperNeurons prefetches one CONV ahead."""
+    if "bwd convs" not in view.memo:  # backward layers' first positions; last CONV before each
+        firsts: list[int] = []
+        convs: list[int | None] = []
+        last: int | None = None
+        for lay in view.bwd:
+            firsts.append(view.pos[lay.first])
+            convs.append(last)
+            if lay.layer_type == "conv":
+                last = view.start(lay.first)
+        view.memo["bwd convs"] = (firsts, [*convs, last])
+    firsts, convs = view.memo["bwd convs"]
     need_layer = view.layer_of[s.need_op]
-    best = view.start(need_layer.first)
-    for lay in view.bwd:
-        if view.pos[lay.first] >= view.pos[need_layer.first]:
-            break
-        if lay.layer_type == "conv":
-            best = view.start(lay.first)
-    return best
+    best = convs[bisect.bisect_left(firsts, view.pos[need_layer.first])]
+    return view.start(need_layer.first) if best is None else int(best)
