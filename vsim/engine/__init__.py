@@ -71,6 +71,18 @@ class SimResult:
         })
         return report
 
+    @property
+    def capacity_bound(self) -> bool:
+        """Whether the capacity decided anything in this run of its plan (first iteration
+        included): out of memory, a request the allocator refused or freed its cache for, a plan
+        that waits for memory, or an allocator whose state the capacity shapes (a pool
+        pre-sized to it). False: run_plan of the same plan on any larger capacity runs the
+        same (vsim run takes such a run of `none` as its ample-memory baseline)."""
+        out = self.output
+        allocator = out.memory.allocator
+        return (out.oom is not None or self._plan.wait_for_memory
+                or not allocator.capacity_only_at_limit or allocator.capacity_hits > 0)
+
     @functools.cached_property
     def predicted(self) -> Trace:
         return _predicted_trace(*self._inputs)
