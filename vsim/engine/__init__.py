@@ -228,6 +228,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             return out, first
         resident = first.resident_left()
         plan = _with_fallbacks(plan, first.fell_back, fallback)
+        del first, out  # not reported: its log goes before the next iteration builds its own
     # Steady iterations until the allocator starts one as it started the one before (the two
     # are then equal, and so would every later one be), at most as many as a measured run
     # has: fragmentation that builds up over iterations ends a run in a later iteration.
@@ -246,6 +247,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             break
         layout, resident = now, resident_next
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
+        del out, engine  # likewise
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")
