@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import textwrap
 from collections.abc import Callable
 from typing import Any, cast
@@ -127,6 +128,15 @@ def run_notes(trace: Any, hw: Any, allocator_spec: str) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    frozen = gc.get_freeze_count()
+    try:
+        return _run(args)
+    finally:
+        if not frozen:  # (objects a caller froze stay frozen)
+            gc.unfreeze()
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..allocator import make_allocator
     from ..engine import simulate
     from ..policies import make_policy
@@ -148,6 +158,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     policies = [make_policy(s) for s in specs]
     allocator = make_allocator(args.allocator)
     trace = load_trace(args.trace)
+    # The trace lives until the command ends: the cyclic collector need not walk its millions
+    # of objects again and again (cmd_run unfreezes them at its end)
+    gc.freeze()
     trace, retarget_note = for_hardware(trace, hw, enabled=not args.no_retarget)
     if retarget_note and not args.json:
         progress(f"note: {retarget_note}")
