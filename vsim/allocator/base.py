@@ -26,9 +26,15 @@ class Allocator:
     # outstanding event of a freed block (synchronize_and_free_events) before it frees the cache
     # and calls cudaMalloc again. False: out of memory at once (cnmem, a pool).
     retries_after_pending_frees = False
+    # The capacity enters the model only where a request would pass it, each time counted in
+    # `capacity_hits`: a run with none would have run the same on a larger card (vsim run
+    # reuses it as its ample-memory baseline). False: the capacity shapes the state otherwise
+    # (a pool pre-sized to it), so no run is known to be the same on another capacity.
+    capacity_only_at_limit = False
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
+        self.capacity_hits = 0  # requests the capacity refused or made free the cache
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self.segment_allocs = 0  # cudaMalloc calls, for their time cost

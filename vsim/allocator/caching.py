@@ -54,6 +54,7 @@ class CachingAllocator(Allocator):
     addresses, deterministic."""
 
     retries_after_pending_frees = True
+    capacity_only_at_limit = True
 
     def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
@@ -75,6 +76,7 @@ class CachingAllocator(Allocator):
         if block is None:
             grow = segment_size(size)
             if self.reserved_bytes + grow > self.capacity_bytes:
+                self.capacity_hits += 1
                 # release_cached_blocks: synchronize the device, cudaFree every free segment
                 self.driver_calls.append(("sync", 0))
                 self.driver_calls += [("free", s.size) for p in self.pools.values()

@@ -11,9 +11,11 @@ from .base import Allocator, AllocatorSpec, register_allocator
 
 class ExactAllocator(Allocator):
     has_segments = False
+    capacity_only_at_limit = True
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         if self.allocated_bytes + size_bytes > self.capacity_bytes:
+            self.capacity_hits += 1
             return None
         self.allocated_bytes += size_bytes
         self.reserved_bytes = self.allocated_bytes

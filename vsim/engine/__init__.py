@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -72,6 +73,18 @@ class SimResult:
                 "peak_reserved_bytes": trace.measured.peak_reserved_bytes},
         })
         return report
+
+    @property
+    def capacity_bound(self) -> bool:
+        """Whether the capacity decided anything in this run of its plan (first iteration
+        included): out of memory, a request the allocator refused or freed its cache for, a plan
+        that waits for memory, or an allocator whose state the capacity shapes (a pool
+        pre-sized to it). False: run_plan of the same plan on any larger capacity runs the
+        same (vsim run takes such a run of `none` as its ample-memory baseline)."""
+        out = self.output
+        allocator = out.memory.allocator
+        return (out.oom is not None or self._plan.wait_for_memory
+                or not allocator.capacity_only_at_limit or allocator.capacity_hits > 0)
 
     @functools.cached_property
     def predicted(self) -> Trace:
@@ -203,7 +216,17 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     host = _host_model(trace, hw, host_time, plan, tracker)
     if tracked is None:
         tracked = bool(plan.actions)
-    out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host, tracked)
+    # The cyclic garbage collector finds little to free in a run (SimPy's events and the
+    # engine's records go by reference counting) but its passes over every young record and
+    # then the whole heap were 40% of a run's time on a 200k-op trace: paused while it runs.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host,
+                                  tracked)
+    finally:
+        if enabled:
+            gc.enable()
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
     return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)
 
@@ -260,6 +283,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             return out, first
         resident = first.resident_left()
         plan = _with_fallbacks(plan, first.fell_back, fallback)
+        del first, out  # not reported: its log goes before the next iteration builds its own
+        gc.collect(0)  # (the engine is in reference cycles, and run_plan pauses the collector)
     # Steady iterations until the allocator starts one as it started the one before (the two
     # are then equal, and so would every later one be), at most as many as a measured run
     # has: fragmentation that builds up over iterations ends a run in a later iteration.
@@ -278,6 +303,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             break
         layout, resident = now, resident_next
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
+        del out, engine  # likewise
+        gc.collect(0)
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         # Well-formed op events and tensors become Op and Tensor objects as the parser builds
         # them, so the parsed dicts of a large trace never all exist at once (a 1M-op trace:
         # 3.5 GB of dicts); anything unusual stays a dict for the field-by-field reader.
-        doc = parse_json(raw, where, TraceError, object_hook=_early_records)
+        doc = parse_json(raw, where, TraceError, object_hook=_early_records({}))
         version = doc.get("vsim", {}).get("version") if isinstance(doc, dict) else None
         if isinstance(version, int) and not isinstance(version, bool) \
                 and version < SCHEMA_VERSION:  # migrations work on plain documents
@@ -166,14 +167,21 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 _TENSOR_KEYS = frozenset({"id", "bytes", "kind", "name", "producer", "consumers"})
 
 
-def _early_records(obj: dict[str, Any]) -> Any:
+def _early_records(ints: dict[int, int]) -> Callable[[dict[str, Any]], Any]:
     """The parser's object hook (load_trace): an "X"/"op" event as its Op and a tensor entry
-    (exactly a tensor's keys) as its Tensor when the fast readers accept them, else the dict."""
-    if obj.get("cat") == "op" and obj.get("ph") == "X":
-        return _fast_op(obj) or obj
-    if "kind" in obj and "bytes" in obj and obj.keys() <= _TENSOR_KEYS:
-        return _fast_tensor(obj) or obj
-    return obj
+    (exactly a tensor's keys) as its Tensor when the fast readers accept them, else the dict.
+    Their ids are shared through `ints` (an id -> the one int object kept for it): the parser
+    makes an int object of every number, and a trace names each tensor about five times
+    (1M ops: 170 MB of duplicate ints)."""
+
+    def hook(obj: dict[str, Any]) -> Any:
+        if obj.get("cat") == "op" and obj.get("ph") == "X":
+            return _fast_op(obj, ints) or obj
+        if "kind" in obj and "bytes" in obj and obj.keys() <= _TENSOR_KEYS:
+            return _fast_tensor(obj, ints) or obj
+        return obj
+
+    return hook
 
 
 def trace_from_json(doc: Any, where: str = "<trace>") -> Trace:
@@ -485,13 +493,15 @@ class _Reader:
 _PHASE = {p: p for p in PHASES}  # one shared string per phase, not one per op
 
 
-def _ids(value: Any) -> tuple[int, ...] | None:
+def _ids(value: Any, ints: dict[int, int] | None = None) -> tuple[int, ...] | None:
     if type(value) is not list:
         return None
     for v in value:
         if type(v) is not int or v < 0:
             return None
-    return tuple(value)
+    if ints is None or not value:
+        return tuple(value)
+    return tuple(map(ints.setdefault, value, value))
 
 
 def _t(value: Any) -> bool:
@@ -499,7 +509,7 @@ def _t(value: Any) -> bool:
     return (type(value) is float or type(value) is int) and 0 <= value <= MAX_TIME_US
 
 
-def _fast_op(ev: dict[str, Any]) -> Op | None:
+def _fast_op(ev: dict[str, Any], ints: dict[int, int] | None = None) -> Op | None:
     """The Op of a well-formed event without formatting a JSON path for every field (a 1M-op
     trace spent most of its load there), or None for anything unusual: `_Reader.op` then
     checks field by field and names the first bad value. Accepts exactly what that accepts."""
@@ -515,8 +525,8 @@ def _fast_op(ev: dict[str, Any]) -> Op | None:
             and type(layer_type) is str and phase is not None and _t(ts) and _t(dur)
             and type(stream) is int and stream >= 0 and _finite(flops) and _finite(dram)):
         return None
-    reads, writes = _ids(args.get("reads", [])), _ids(args.get("writes", []))
-    frees, deps = _ids(args.get("frees", [])), _ids(args.get("deps", []))
+    reads, writes = _ids(args.get("reads", []), ints), _ids(args.get("writes", []), ints)
+    frees, deps = _ids(args.get("frees", []), ints), _ids(args.get("deps", []), ints)
     if reads is None or writes is None or frees is None or deps is None:
         return None
     kernels = []
@@ -528,6 +538,8 @@ def _fast_op(ev: dict[str, Any]) -> Op | None:
                 and k[1] >= 0 and _t(k[2]) and _t(k[3])):
             return None
         kernels.append(Kernel(k[0], k[1], float(k[2]), float(k[3])))
+    if ints is not None:  # and a layer's name once for its forward and backward ops
+        oid, layer = ints.setdefault(oid, oid), sys.intern(layer)
     return Op(id=oid, name=name, layer=layer, layer_type=sys.intern(layer_type), phase=phase,
               start_us=float(ts), dur_us=float(dur),  # type: ignore[arg-type]
               stream=stream, reads=reads, writes=writes, frees=frees, deps=deps,
@@ -537,18 +549,21 @@ def _fast_op(ev: dict[str, Any]) -> Op | None:
 _KIND = {k: k for k in TENSOR_KINDS}
 
 
-def _fast_tensor(t: Any) -> Tensor | None:
+def _fast_tensor(t: Any, ints: dict[int, int] | None = None) -> Tensor | None:
     """The Tensor of a well-formed entry without a JSON path per field, else None (then
     `_Reader.tensor` names the first bad value); accepts exactly what that accepts."""
     if type(t) is not dict:
         return None
     tid, size, name = t.get("id"), t.get("bytes"), t.get("name", "")
     kind, producer = _KIND.get(t.get("kind")), t.get("producer")  # type: ignore[arg-type]
-    consumers = _ids(t.get("consumers", []))
+    consumers = _ids(t.get("consumers", []), ints)
     if not (type(tid) is int and tid >= 0 and type(size) is int and 0 <= size <= MAX_BYTES
             and kind is not None and type(name) is str and consumers is not None
             and (producer is None or (type(producer) is int and producer >= 0))):
         return None
+    if ints is not None:
+        tid = ints.setdefault(tid, tid)
+        producer = None if producer is None else ints.setdefault(producer, producer)
     return Tensor(id=tid, size_bytes=size, kind=kind, name=name, producer=producer,
                   consumers=consumers)
 
