@@ -105,10 +105,6 @@ class NativeRuns:
         tracker): a gradient check runs one first, so that the checked one runs natively."""
         return self._native is not None and determinism_key() not in self._cal
 
-    def saves_needed(self) -> bool:
-        """Whether the armed iteration finds trace tensors in autograd's saved-tensor hook."""
-        return self._armed is not None and bool(self._armed[1].packs)
-
     def boundary_calls(self) -> list[int]:
         """The aten calls before which the Python tracker would carry out actions: the first
         call of an op when an op it ends or starts (with the ops between) has actions."""
