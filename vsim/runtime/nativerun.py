@@ -209,7 +209,11 @@ class NativeRuns:
         except RuntimeError as exc:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             if self._native_exc is not None:
-                raise self._native_exc from None
+                # not kept on the executor: its traceback holds the stopped iteration's frames
+                # (its activations), in a cycle through this executor that only a full
+                # collection breaks (the H100 remeasure started later cases with GiBs held)
+                kept, self._native_exc = self._native_exc, None
+                raise kept from None
             if nat.diverged():
                 raise OpSequenceError(f"the run diverged from its calibration: "
                                       f"{nat.diverged()}") from None
