@@ -227,10 +227,10 @@ class Executor(Recomputation, NativeRuns):
             # keep its activations for good.
             mode = self._iteration_mode()
             self.stats.tracker = "python" if mode == "calibrate" else mode
-            # The saved-tensor hooks stay on in native iterations too: without them the H100
-            # remeasure of 2026-11-26 held transformers' offloaded maps (vit_b_16-b32 vDNN
-            # (all) peaked at 4.91 GiB against 2.35 GiB with them, as under the Python
-            # tracker; cause not found), at a host cost of a Python call per saved tensor.
+            # The saved-tensor hooks stay on in native iterations too (a Python call per saved
+            # tensor). Native iterations without them where no tensor is found there were
+            # turned off when the H100 remeasure of 2026-11-26 showed high peaks; the cause
+            # was the out-of-memory leak fixed in nativerun, so they may be safe: untested.
             with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
                 self._run_tracked(step, mode)
             self.finish()
