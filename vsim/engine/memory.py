@@ -143,13 +143,7 @@ class DeviceMemory:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)
         if block is not None:
-            a = self.allocator
-            size = a.block_size(block)
-            addr = a.block_addr(block)
-            a.free(block)
-            self.events.append(("free_completed", now, addr, size, 0, tensor, op))
-            if a.has_segments:
-                self._segment_change(now)
+            self.give_back(block, tensor, now, op)
         self.state[tensor] = new_state
 
     def _segment_change(self, now: float) -> None:
