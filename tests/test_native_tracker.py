@@ -95,3 +95,31 @@ def test_a_plan_that_recomputes_keeps_the_python_tracker(cnn) -> None:
     assert "recomputes" in got["executed"]["tracker_note"]
     with pytest.raises(ConfigError, match="cannot run a plan that recomputes"):
         s.run("superneurons", iters=1, warmup=0, tracker="native")
+
+
+def test_a_native_divergence_falls_back_to_the_python_tracker(cnn) -> None:
+    """A native iteration whose calls are not its calibration's raises NativeDivergence;
+    the executor runs later iterations under the Python tracker, and a measurement runs the
+    lost iteration again (Session._iteration)."""
+    from vsim.runtime.executor import Executor
+    from vsim.runtime.nativerun import NativeDivergence, determinism_key
+
+    trace, s = cnn
+    _pol, plan = s._plan("vdnn:mode=all", None)
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    ex.run(s.step)  # calibrates
+    assert ex.run(s.step).tracker == "native"
+    cal, tg = ex._cal[determinism_key()]
+    tg.expect = {c: "aten::not_this_one.default" for c in tg.expect}  # as if calls moved
+    with pytest.raises(NativeDivergence, match="diverged from its calibration"):
+        ex.run(s.step)
+    assert ex.run(s.step).tracker == "python"
+    assert "diverged from its calibration" in ex.tracker_note
+    notes: list[str] = []
+    fresh = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    fresh.run(s.step)
+    fresh._cal[determinism_key()][1].expect = dict(tg.expect)
+    stats = s._iteration(fresh, notes)
+    assert stats.tracker == "python" and stats.offloads > 0
+    assert notes and "ran again under the Python tracker" in notes[0]
+    s.restore()

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 TRACKERS = ("auto", "native", "python")
 
 
+class NativeDivergence(OpSequenceError):
+    """A native iteration's counted calls differed from its calibration's (seen once, on
+    swin_t: aten::_index_put_impl_ where calibration saw aten::index_put). The iteration is
+    lost; the executor runs later ones under the Python tracker. A measurement runs the
+    iteration again (Session); a user's loop sees the error once."""
+
+
 def determinism_key() -> tuple[bool, ...]:
     """Flags under which an iteration's calls can differ (deterministic algorithms take other
     code paths, some of them with other aten calls)."""
@@ -215,8 +222,8 @@ class NativeRuns:
                 kept, self._native_exc = self._native_exc, None
                 raise kept from None
             if nat.diverged():
-                raise OpSequenceError(f"the run diverged from its calibration: "
-                                      f"{nat.diverged()}") from None
+                raise self._diverged(f"the run diverged from its calibration: "
+                                     f"{nat.diverged()}") from None
             raise exc
         except BaseException:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
@@ -252,10 +259,18 @@ class NativeRuns:
         assert self._armed is not None
         cal = self._armed[0]
         if self._native_count != cal.total:
-            raise OpSequenceError(f"the iteration made {self._native_count} counted calls, its "
-                                  f"calibration {cal.total}: the run diverged (at op "
-                                  f"{cal.op_at(min(self._native_count, cal.total) - 1)})")
+            raise self._diverged(f"the iteration made {self._native_count} counted calls, its "
+                                 f"calibration {cal.total}: the run diverged (at op "
+                                 f"{cal.op_at(min(self._native_count, cal.total) - 1)})")
         self.calls = self.map.n_calls
+
+    def _diverged(self, why: str) -> NativeDivergence:
+        """A native iteration's calls were not its calibration's: later iterations under these
+        flags run under the Python tracker (which stops a step that really differs from the
+        trace with OpSequenceError)."""
+        self._cal[determinism_key()] = f"native tracker not used: {why}"
+        self.tracker_note = f"native tracker given up: {why}"
+        return NativeDivergence(why)
 
     def _pause_native(self, on: bool) -> bool:
         return bool(self._native.pause(on)) if self._native is not None else False

@@ -25,6 +25,7 @@ from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
 from .hostmem import process_pool
+from .nativerun import NativeDivergence
 from .opmap import OpMap, map_ops
 from .results import (
     FORMAT,
@@ -196,16 +197,33 @@ class Session:
         try:
             with deterministic():
                 if ex is not None and ex.needs_calibration():
-                    ex.run(self.step)  # the checked iteration then runs as measured ones do
+                    self._iteration(ex)  # the checked iteration then runs as measured ones do
                     self.restore()
                 if ex is not None:
-                    ex.run(lambda: self.step(capture))
+                    try:
+                        ex.run(lambda: self.step(capture))
+                    except NativeDivergence:  # checked under the Python tracker instead
+                        self.restore()
+                        got.clear()
+                        ex.run(lambda: self.step(capture))
                 else:
                     self.step(capture)
                 self._sync()
         finally:
             self.restore()
         return got
+
+    def _iteration(self, ex: Executor, notes: list[str] | None = None) -> IterationStats:
+        """One iteration with `ex`; one whose native tracker diverged from its calibration runs
+        again under the Python tracker (its time then includes both: a note says so)."""
+        try:
+            return ex.run(self.step)
+        except NativeDivergence as exc:
+            if notes is not None:
+                notes.append(f"the native tracker diverged ({exc}): that iteration ran again "
+                             "under the Python tracker, as every later one did")
+            self._sync()
+            return ex.run(self.step)
 
     # ------------------------------------------------------------ memory
 
@@ -323,7 +341,7 @@ class Session:
                 prof = kernel_profiler() if i == last else None
                 t0 = time.perf_counter()
                 if ex is not None:
-                    stats = ex.run(self.step)
+                    stats = self._iteration(ex, notes)
                 else:
                     self.step()
                 self._sync()
