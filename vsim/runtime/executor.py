@@ -462,14 +462,7 @@ class Executor(Recomputation, NativeRuns):
         src = self._view(st)
         if self.gpu:
             self.d2h.wait_event(self.cs.record_event())
-            torch.cuda.set_stream(self.d2h)  # not torch.cuda.stream(): it looks streams up
-            try:
-                t0 = time.perf_counter()
-                host.copy_(src, non_blocking=self.plan.pinned)
-                self.stats.copy_us += (time.perf_counter() - t0) * 1e6
-                self.out_ev[t] = self.d2h.record_event()
-            finally:
-                torch.cuda.set_stream(self.cs)
+            self.out_ev[t] = self._copy_on(self.d2h, host, src)
             src.record_stream(self.d2h)
         else:
             host.copy_(src)
@@ -520,14 +513,7 @@ class Executor(Recomputation, NativeRuns):
             self.h2d.wait_event(self.cs.record_event())
             if t in self.out_ev:
                 self.h2d.wait_event(self.out_ev[t])
-            torch.cuda.set_stream(self.h2d)
-            try:
-                t0 = time.perf_counter()
-                dst.copy_(host, non_blocking=self.plan.pinned)
-                self.stats.copy_us += (time.perf_counter() - t0) * 1e6
-                done = self.h2d.record_event()
-            finally:
-                torch.cuda.set_stream(self.cs)
+            done = self._copy_on(self.h2d, dst, host)
             dst.record_stream(self.h2d)
             self.in_ev[t] = done
         else:
@@ -538,6 +524,18 @@ class Executor(Recomputation, NativeRuns):
         self.stats.prefetches += 1
         self.stats.h2d_bytes += n
         self.host_live -= n
+
+    def _copy_on(self, stream: Any, dst: torch.Tensor, src: torch.Tensor) -> Any:
+        """Copy `src` into `dst` on `stream` (a copy stream, back to the step's after); the
+        event its end records."""
+        torch.cuda.set_stream(stream)  # not torch.cuda.stream(): it looks streams up
+        try:
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=self.plan.pinned)
+            self.stats.copy_us += (time.perf_counter() - t0) * 1e6
+            return stream.record_event()
+        finally:
+            torch.cuda.set_stream(self.cs)
 
     def _host_of(self, t: int, n: int) -> torch.Tensor:
         if t in self.slot:
