@@ -222,6 +222,9 @@ class Session:
             if notes is not None:
                 notes.append(f"the native tracker diverged ({exc}): that iteration ran again "
                              "under the Python tracker, as every later one did")
+            # the step clears gradients only at its end: a stopped one leaves some, and the
+            # run again would accumulate into them (aten.add_ where the trace has none)
+            self.opt.zero_grad(set_to_none=True)
             self._sync()
             return ex.run(self.step)
 
