@@ -86,15 +86,41 @@ def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) ->
     assert got["executed"]["offloads"] == ref["executed"]["offloads"]
 
 
-def test_a_plan_that_recomputes_keeps_the_python_tracker(cnn) -> None:
-    from vsim.errors import ConfigError
-
+@pytest.mark.parametrize("policy", ["superneurons", "recompute:strategy=sqrt"])
+def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
+    """The calls a chain records come back as frames of their counted calls (with the
+    arguments a dispatch mode sees), so recomputation needs no Python tracker after the
+    calibrating iteration."""
     trace, s = cnn
-    got = s.run("superneurons", iters=1, warmup=1)
-    assert got["executed"]["tracker"] == "python"
-    assert "recomputes" in got["executed"]["tracker_note"]
-    with pytest.raises(ConfigError, match="cannot run a plan that recomputes"):
-        s.run("superneurons", iters=1, warmup=0, tracker="native")
+    got = s.run(policy, iters=2, warmup=1)
+    ref = s.run(policy, iters=2, warmup=1, tracker="python")
+    assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
+    assert ref["executed"]["tracker"] == "python"
+    assert got["check"]["bitwise_equal"], got["check"]
+    assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"] > 0
+
+
+def test_a_recorded_call_must_run_as_a_frame_of_its_own() -> None:
+    """A call the plan records that ran inside another operator's frame (not as one of its
+    own) cannot be called back at with its arguments: unsafe, the Python tracker runs."""
+    cal = _cal(before=[1, 2], inside=[True, True], views=[False, False],
+               names=["aten::conv2d.default", "aten::relu_.default"])
+    cal.frames = [(0, 0, "aten::conv2d.default", -1), (0, 1, "aten::convolution.default", 0),
+                  (1, 0, "aten::relu_.default", -1)]
+    cal.funcs = ["aten.convolution.default", "aten.relu_.default"]
+    cal.frame_of = [(0, 1), (1, 0)]
+    cal.flagged = {0: (None, False), 1: (None, True)}
+    tg = targets(cal, boundary_calls=[], watch={})
+    assert tg.frame_call == {1: 0, (1 << 20): 1}
+    assert tg.frame_flags == {1: 2, (1 << 20): 3}  # the random one is called back before too
+    assert tg.frame_count == {0: 2, 1: 1}
+    assert tg.flags == bytes([4, 4])
+    cal.frame_of = [(0, 0), (1, 0)]  # convolution seen inside conv2d's frame, not its own
+    with pytest.raises(Unsafe, match="not as a frame of its own"):
+        targets(cal, boundary_calls=[], watch={})
+    cal.frame_of = [(-1, -1), (1, 0)]
+    with pytest.raises(Unsafe, match="outside every counted call"):
+        targets(cal, boundary_calls=[], watch={})
 
 
 def test_a_native_divergence_falls_back_to_the_python_tracker(cnn) -> None:

@@ -5,9 +5,11 @@ Which tracker runs an iteration (`Executor(tracker=)`):
 - "python": the TorchDispatchMode (vsim.runtime.tracker) on every aten call, as before;
 - "native": the C++ counter, calibrated by the first iteration under each set of determinism
   flags (the Python tracker and the counter together); ConfigError where it cannot be built;
-- "auto" (default): native where it is built and the plan does not recompute (recording calls
-  for replay needs Python's view of each call), else Python. An iteration whose callbacks the
-  calibration cannot place exactly keeps the Python tracker; `tracker_note` says why.
+- "auto" (default): native where it is built, else Python. An iteration whose callbacks the
+  calibration cannot place exactly keeps the Python tracker; `tracker_note` says why. Plans that
+  recompute run natively too: the calls their chains record (and the in-place updates and
+  constants recomputation needs) are called back at as frames of their counted calls, with
+  the arguments a dispatch mode would see (vsim.runtime.native).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class NativeRuns:
         self.calibrating: Any = None       # the counter while a calibrating iteration runs
         self.cal_before: list[int] = []    # see nativemod.Calibration
         self.cal_inside: list[bool] = []
+        self.cal_frames: list[tuple[int, int]] = []
+        self.cal_flagged: dict[int, tuple[Any, bool]] = {}
+        self._frame_rng: Any = None
         self._cal_outputs: dict[int, list[tuple[int, int]]] = {}
         self._cal_registered: dict[int, int] = {}
         self._cal_packs: list[tuple[int, int]] = []
@@ -79,12 +84,6 @@ class NativeRuns:
         self._start_ops = plan_start_ops
         self._end_ops = plan_end_ops
         if tracker == "python":
-            return
-        if self.recorded_ops or self.constant_calls:
-            if tracker == "native":
-                raise ConfigError("the native tracker cannot run a plan that recomputes "
-                                  "(recording calls for replay needs the Python tracker)")
-            self.tracker_note = "the plan recomputes: recording calls needs the Python tracker"
             return
         self._native = nativemod.load()
         if self._native is None:
@@ -141,7 +140,7 @@ class NativeRuns:
 
     def _calibrate(self, step: Callable[[], Any]) -> None:
         nat = self._native
-        self.cal_before, self.cal_inside = [], []
+        self.cal_before, self.cal_inside, self.cal_frames, self.cal_flagged = [], [], [], {}
         self._cal_outputs, self._cal_registered, self._cal_packs = {}, {}, []
         nat.calibrate(True)
         nat.arm(b"", {}, self._calibration_outputs)
@@ -159,7 +158,8 @@ class NativeRuns:
         cal = nativemod.Calibration(
             self.cal_before, self.cal_inside, list(nat.recorded()), self._cal_outputs,
             self._cal_registered, self.map.call_op, [str(f) for f in funcs],
-            [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs)
+            [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs,
+            [tuple(f) for f in nat.frames()], self.cal_frames, self.cal_flagged)
         key = determinism_key()
         if len(cal.before) != self.map.n_calls:
             self._cal[key] = (f"native tracker not used: calibration saw {len(cal.before)} "
@@ -210,6 +210,7 @@ class NativeRuns:
         self._native_exc = None
         self._packs = 0
         nat.arm(tg.flags, tg.expect, self._callback)
+        nat.arm_frames(tg.frame_flags, tg.frame_count, tg.frame_expect, self._frame_callback)
         nat.begin()
         try:
             step()
@@ -254,6 +255,24 @@ class NativeRuns:
             self._native_exc = exc
             raise
 
+    def _frame_callback(self, count: int, number: int, args: Any, kwargs: Any, out: Any,
+                        post: bool) -> None:
+        """A frame the plan needs has run (post: with its arguments and outputs) or is about
+        to (its RNG state, for a random call a chain records)."""
+        try:
+            if not post:
+                self._frame_rng = self.rng_state()
+                return
+            assert self._armed is not None
+            cal, tg = self._armed
+            k = tg.frame_call[nativemod.frame_key(count, number)]
+            func, random = cal.flagged[k]
+            rng, self._frame_rng = (self._frame_rng if random else None), None
+            self.on_call(func, args, kwargs, out, rng, k)
+        except BaseException as exc:
+            self._native_exc = exc
+            raise
+
     def _check_native_end(self) -> None:
         """After a native iteration: it made as many counted calls as its calibration."""
         assert self._armed is not None
@@ -279,3 +298,8 @@ class NativeRuns:
         def register(self, watch: list[tuple[int, int]], out: Any) -> None: ...
 
         def advance(self, op: int) -> None: ...
+
+        def rng_state(self) -> Any: ...
+
+        def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
+                    k: int) -> None: ...

@@ -113,6 +113,9 @@ class Recomputation:
     _written: dict[Any, tuple[tuple[int, str], ...]]
     _storage: Callable[[int], Any]
     constants: dict[int, torch.Tensor]
+    constant_calls: frozenset[int]
+    tracker_used: str
+    track_until: int
 
     def keep_constant(self, out: Any) -> None:
         """Keep the small tensors a constant-making call returned (see CONSTANT_FUNCS) for the
@@ -120,6 +123,19 @@ class Recomputation:
         for x in tree_flatten(out)[0]:
             if isinstance(x, torch.Tensor) and x.numel() <= CONSTANT_MAX_ELEMENTS:
                 self.constants[self._key(x.untyped_storage())] = x
+
+    def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> None:
+        """Call k has run (outputs `out`; `rng`: the RNG state before it, for random calls a
+        chain records): keep its constants, record it where a recomputed chain needs it, else
+        note an in-place update it made (either tracker calls this where the plan needs it)."""
+        if k in self.constant_calls:
+            self.keep_constant(out)
+        op = self.map.call_op[k]
+        rec = self.recording.get(op)
+        if rec is not None:
+            self.record(rec, func, args, kwargs, out, rng, k)
+        elif op <= self.track_until:
+            self.note_mutation(func, args, kwargs, out, rng, k)
 
     def record(self, rec: list[RecordedCall], func: Any, args: Any, kwargs: Any, out: Any,
                rng: Any, k: int) -> None:
@@ -391,6 +407,14 @@ class Recomputation:
                     kwargs[a.name] = kwargs[a.name].clone()
 
     def _call(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
+        if self.tracker_used == "native":
+            # as under the Python tracker, whose handler replays below autograd: a native
+            # callback runs above it (the recorded calls are the ones a dispatch mode sees)
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                return self._call_rng(call, args, kwargs)
+        return self._call_rng(call, args, kwargs)
+
+    def _call_rng(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
         if call.rng is None:
             return call.func(*args, **kwargs)
         saved = self.rng_state()

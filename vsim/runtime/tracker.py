@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opmap import is_profiler_op
+from .recompute import written_args
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -45,6 +46,7 @@ class Tracker(TorchDispatchMode):
         if native is not None:
             ex.cal_before.append(native.count())
             ex.cal_inside.append(native.depth() > 0)
+            ex.cal_frames.append(native.frame())
             native.pause(True)  # what this handler dispatches itself is not the step's
         k = ex.calls
         ex.calls = k + 1
@@ -63,12 +65,11 @@ class Tracker(TorchDispatchMode):
             ex.register(watch, out)
             if native is not None:
                 ex.note_registered(watch)
-        if k in ex.constant_calls:
-            ex.keep_constant(out)
-        if rec is not None:
-            ex.record(rec, func, args, kwargs, out, rng, k)
-        elif track:
-            ex.note_mutation(func, args, kwargs, out, rng, k)
+        if rec is not None or k in ex.constant_calls or (
+                track and written_args(func, ex._written)):
+            ex.on_call(func, args, kwargs, out, rng, k)
+            if native is not None:  # a native iteration calls back here (its frame)
+                ex.cal_flagged[k] = (func, rng is not None)
         if native is not None:
             native.pause(False)
         return out

@@ -17,8 +17,13 @@ iterations run under the counter alone, armed to call back:
 - after that call returns, with its outputs, for a call k whose outputs the plan acts on: the
   counted call must be k's own function (the same outputs) and no earlier callback may fire
   while it runs.
+- after a frame (counted.cpp: a call made above autograd inside a counted call, which is what a
+  Python dispatch mode sees) with its arguments, for a call k the plan records for replay, a
+  constant it keeps or an in-place update a recomputation must know of; before it too where
+  the call is random (its RNG state). The frame must be k's own operator, one frame per call,
+  and a framed counted call must make as many frames as in calibration (else the run
+  diverged).
 Where a check fails, the calibration says why and the executor keeps the Python tracker.
-Plans that recompute keep it too: recording calls for replay needs Python's view of each call.
 
 The extension is compiled on first use with torch.utils.cpp_extension (a C++ compiler and
 ninja; the build is cached by torch outside the repository). `VSIM_NATIVE_TRACKER=0` turns it
@@ -91,6 +96,12 @@ class Calibration:
     funcs: list[str]
     views: list[bool]
     packs: list[tuple[int, int]] = field(default_factory=list)  # (count, storage) per save
+    # frames (counter.cpp): (count, number, operator, parent) each; the frame each Python call
+    # ran in ((-1, -1): none); the Python calls a native iteration must call back at, with their
+    # function and whether they are random
+    frames: list[tuple[int, int, str, int]] = field(default_factory=list)
+    frame_of: list[tuple[int, int]] = field(default_factory=list)
+    flagged: dict[int, tuple[Any, bool]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -116,6 +127,25 @@ class Targets:
     post: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # count -> (j, t)
     packs: dict[int, int] = field(default_factory=dict)  # saved tensor number -> trace tensor
     expect: dict[int, str] = field(default_factory=dict)
+    # frames: frame_key(count, number) -> 1 before (RNG state) | 2 after (arguments, outputs),
+    # its operator, the Python call it is; each framed count's number of frames
+    frame_flags: dict[int, int] = field(default_factory=dict)
+    frame_expect: dict[int, str] = field(default_factory=dict)
+    frame_call: dict[int, int] = field(default_factory=dict)
+    frame_count: dict[int, int] = field(default_factory=dict)
+
+
+def frame_key(count: int, number: int) -> int:
+    """A frame's key, as counter.cpp's frame_key."""
+    return (count << 20) | number
+
+
+def _base(name: str) -> str:
+    """'aten.relu_.default' -> 'aten.relu.default': in-place and out-of-place forms as one."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1].endswith("_"):
+        parts[1] = parts[1][:-1]
+    return ".".join(parts)
 
 
 class Unsafe(Exception):
@@ -181,5 +211,34 @@ def targets(cal: Calibration, boundary_calls: list[int],
                              f"is neither an output of its counted call "
                              f"{python_name(cal.names[c])} nor saved for backward within it")
             out.packs[at] = t
+    _frame_targets(cal, flags, out)
     out.flags = bytes(flags)
     return out
+
+
+def _frame_targets(cal: Calibration, flags: bytearray, out: Targets) -> None:
+    """Frames to call back at for the calls in `cal.flagged` (module docstring)."""
+    names = {(c, j): n for c, j, n, _ in cal.frames}
+    counts: dict[int, int] = {}
+    for c, *_ in cal.frames:
+        counts[c] = counts.get(c, 0) + 1
+    taken: dict[tuple[int, int], int] = {}
+    for k in sorted(cal.flagged):
+        c, j = cal.frame_of[k]
+        if c < 0:
+            raise Unsafe(f"aten call {k} ({cal.funcs[k]}), which the plan records or watches "
+                         "for in-place updates, ran outside every counted call")
+        name = names.get((c, j), "?")
+        if _base(python_name(name)) != _base(cal.funcs[k]):
+            raise Unsafe(f"aten call {k} ({cal.funcs[k]}), which the plan records or watches "
+                         f"for in-place updates, ran inside {python_name(name)}, frame {j} of "
+                         f"counted call {c}, not as a frame of its own")
+        if (c, j) in taken:
+            raise Unsafe(f"aten calls {taken[(c, j)]} and {k} ran in one frame ({name})")
+        taken[(c, j)] = k
+        key = frame_key(c, j)
+        out.frame_flags[key] = 2 | (1 if cal.flagged[k][1] else 0)
+        out.frame_expect[key] = name
+        out.frame_call[key] = k
+        out.frame_count[c] = counts[c]
+        flags[c] |= 4

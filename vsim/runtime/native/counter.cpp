@@ -13,6 +13,8 @@
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
@@ -25,7 +27,14 @@ namespace {
 
 constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
-enum Flag : uint8_t { PRE = 1, POST = 2 };
+enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4 };
+
+// Frames: within a counted call, the calls made above autograd (the counted call itself, the
+// calls a composite decomposes into, autocast's casts): the calls a Python dispatch mode sees,
+// and the composites they come from. Numbered per counted call in the order they start; a
+// recording executor is called back at some of them with their arguments (recomputation
+// replays them; docs/design.md, "The native op tracker").
+inline int64_t frame_key(int64_t c, int64_t j) { return (c << 20) | j; }
 
 struct State {
   int64_t count = 0;
@@ -36,6 +45,12 @@ struct State {
   std::unordered_map<int64_t, std::string> expect;  // armed: the name each target must have
   py::object callback;             // armed: callback(count, outputs or None, is_post)
   std::string diverged;            // armed: the first mismatch, empty if none
+  // calibrating: every frame as (count, number, operator name, parent frame or -1)
+  std::vector<std::tuple<int64_t, int64_t, std::string, int64_t>> frames;
+  std::unordered_map<int64_t, uint8_t> frame_flags;         // armed: frame_key -> PRE | POST
+  std::unordered_map<int64_t, int64_t> frame_count;         // armed: count -> its frames
+  std::unordered_map<int64_t, std::string> frame_expect;    // armed: frame_key -> its name
+  py::object frame_callback;  // armed: frame_callback(count, frame, args, kwargs, outputs, post)
 };
 
 State S;
@@ -48,23 +63,39 @@ std::string name_of(const c10::OperatorHandle& op) {
 // The same operator, its in-place and out-of-place forms taken as one: autograd accumulates a
 // gradient in place when nothing else holds the buffer, which a Python tracker's references
 // (the calibration's) can change (aten::add.Tensor then, aten::add_.Tensor now).
+//
+// And where PyTorch's backward takes another path when a Python dispatch mode is on (its
+// composite-compliance checks count a mode as a tensor subclass): index's backward calls
+// aten::index_put under the calibration's mode, aten::_index_put_impl_ without it (swin_t on
+// the H100).
 std::string base_of(const std::string& name) {
   auto dot = name.find('.');
   std::string op = name.substr(0, dot);
   if (!op.empty() && op.back() == '_') op.pop_back();
+  if (op == "aten::_index_put_impl" || op == "aten::index_put") return "aten::index_put";
   return op + (dot == std::string::npos ? std::string() : name.substr(dot));
+}
+
+py::object outputs_of(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().returns().size();
+  if (n == 1) return torch::jit::toPyObject(stack->back());
+  py::tuple t(n);
+  for (size_t i = 0; i < n; ++i)
+    t[i] = torch::jit::toPyObject((*stack)[stack->size() - n + i]);
+  return t;
+}
+
+void fail(const std::string& why) {
+  if (S.diverged.empty()) S.diverged = why;
+  throw std::runtime_error("vsim native tracker: the run diverged: " + S.diverged);
 }
 
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
   auto it = S.expect.find(c);
   if (it != S.expect.end()) {
     std::string got = name_of(op);
-    if (got != it->second && base_of(got) != base_of(it->second)) {
-      if (S.diverged.empty())
-        S.diverged = "call " + std::to_string(c) + " is " + got + ", calibration's was " +
-                     it->second;
-      throw std::runtime_error("vsim native tracker: the run diverged: " + S.diverged);
-    }
+    if (got != it->second && base_of(got) != base_of(it->second))
+      fail("call " + std::to_string(c) + " is " + got + ", calibration's was " + it->second);
   }
   bool was = S.paused;
   S.paused = true;
@@ -72,19 +103,7 @@ void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stac
     c10::impl::ExcludeDispatchKeyGuard own(KEY);  // the executor's own calls
     py::gil_scoped_acquire gil;
     try {
-      py::object out = py::none();
-      if (post) {
-        size_t n = op.schema().returns().size();
-        if (n == 1) {
-          out = torch::jit::toPyObject(stack->back());
-        } else {
-          py::tuple t(n);
-          for (size_t i = 0; i < n; ++i)
-            t[i] = torch::jit::toPyObject((*stack)[stack->size() - n + i]);
-          out = t;
-        }
-      }
-      S.callback(c, out, post);
+      S.callback(c, post ? outputs_of(op, stack) : py::none(), post);
     } catch (py::error_already_set& e) {
       // The Python side keeps the exception (vsim.runtime.native.Armed.error) and raises it
       // again where the step returns; here only the dispatch is stopped.
@@ -106,22 +125,168 @@ struct Depth {
   ~Depth() { --depth; }
 };
 
+// An argument as a Python dispatch mode receives it: dtypes, layouts and memory formats (ints in
+// an IValue) as their Python objects.
+py::object argument(const c10::Argument& a, const c10::IValue& v) {
+  if (v.isInt()) {
+    c10::TypePtr t = a.real_type();
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    switch (t->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt())));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+std::pair<py::tuple, py::dict> arguments(const c10::OperatorHandle& op,
+                                         const std::vector<c10::IValue>& values) {
+  const auto& schema = op.schema().arguments();
+  std::vector<py::object> positional;
+  py::dict kwargs;
+  for (size_t i = 0; i < schema.size() && i < values.size(); ++i) {
+    if (schema[i].kwarg_only())
+      kwargs[py::str(schema[i].name())] = argument(schema[i], values[i]);
+    else
+      positional.push_back(argument(schema[i], values[i]));
+  }
+  py::tuple args(positional.size());
+  for (size_t i = 0; i < positional.size(); ++i) args[i] = positional[i];
+  return {args, kwargs};
+}
+
+// Frames of the counted call running on this thread (see FRAMES): the counted call, its number,
+// the next frame's number, the frames running.
+thread_local bool framing = false;
+thread_local int64_t frame_c = -1;
+thread_local int64_t next_frame = 0;
+thread_local std::vector<int64_t> running;
+
+void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
+                     const std::vector<c10::IValue>* args, torch::jit::Stack* stack) {
+  bool was = S.paused;
+  S.paused = true;
+  {
+    c10::impl::ExcludeDispatchKeyGuard own(KEY);
+    py::gil_scoped_acquire gil;
+    try {
+      if (args == nullptr) {
+        S.frame_callback(c, j, py::none(), py::none(), py::none(), false);
+      } else {
+        // as a Python dispatch mode receives them: positional and keyword-only arguments
+        auto ak = arguments(op, *args);
+        S.frame_callback(c, j, ak.first, ak.second, outputs_of(op, stack), true);
+      }
+    } catch (py::error_already_set& e) {
+      S.paused = was;
+      throw std::runtime_error(std::string("vsim native tracker: callback raised: ") + e.what());
+    }
+  }
+  S.paused = was;
+}
+
+struct Running {
+  explicit Running(int64_t j) { running.push_back(j); ++depth; }
+  ~Running() { running.pop_back(); --depth; }
+};
+
+// One frame: numbered, called back where armed, run. Calls it makes above autograd are frames
+// of their own (a composite's parts); below autograd (its kernels' own calls, what a Python mode
+// never sees) they are not. A call without autograd keys (a factory function) has no frames
+// inside: a Python mode sees it whole.
+void run_frame(const c10::OperatorHandle& op, c10::DispatchKeySet ks, c10::DispatchKeySet after,
+               torch::jit::Stack* stack) {
+  const int64_t c = frame_c;
+  const int64_t j = next_frame++;
+  uint8_t ff = 0;
+  if (S.calibrating) {
+    S.frames.emplace_back(c, j, name_of(op), running.empty() ? -1 : running.back());
+  } else if (!S.frame_flags.empty()) {
+    auto it = S.frame_flags.find(frame_key(c, j));
+    if (it != S.frame_flags.end()) {
+      ff = it->second;
+      const std::string& want = S.frame_expect[frame_key(c, j)];
+      std::string got = name_of(op);
+      if (got != want && base_of(got) != base_of(want))
+        fail("frame " + std::to_string(j) + " of call " + std::to_string(c) + " is " + got +
+             ", calibration's was " + want);
+    }
+  }
+  std::vector<c10::IValue> args;
+  if (ff & POST) {
+    const size_t n = op.schema().arguments().size();
+    args.assign(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  }
+  if (ff & PRE) frame_call_back(c, j, op, nullptr, stack);
+  {
+    Running r(j);
+    if (!ks.has_any(c10::autograd_dispatch_keyset)) {
+      c10::impl::ExcludeDispatchKeyGuard inner(KEY);
+      op.redispatchBoxed(after, stack);
+    } else {
+      op.redispatchBoxed(after, stack);
+    }
+  }
+  if (ff & POST) frame_call_back(c, j, op, &args, stack);
+}
+
+struct Framing {
+  explicit Framing(int64_t c) {
+    framing = true;
+    frame_c = c;
+    next_frame = 0;
+  }
+  ~Framing() { framing = false; }
+};
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY);
-  if (S.paused || depth > 0 || op.operator_name().name.rfind("profiler::", 0) == 0) {
+  if (S.paused || op.operator_name().name.rfind("profiler::", 0) == 0) {
     op.redispatchBoxed(after, stack);
+    return;
+  }
+  if (depth > 0) {
+    if (framing && !c10::impl::tls_is_dispatch_key_excluded(
+                       c10::DispatchKey::AutogradFunctionality)) {
+      run_frame(op, ks, after, stack);
+    } else {
+      op.redispatchBoxed(after, stack);
+    }
     return;
   }
   const int64_t c = S.count++;
   uint8_t f = 0;
   if (S.calibrating) {
     S.names.push_back(name_of(op));
-    if (S.callback) f = POST;  // calibration sees every counted call's outputs
+    f = FRAMES;
+    if (S.callback) f |= POST;  // calibration sees every counted call's outputs
   } else if (c < static_cast<int64_t>(S.flags.size())) {
     f = S.flags[c];
   }
   if (f & PRE) call_back(c, op, stack, false);
-  {
+  if (f & FRAMES) {
+    int64_t n;
+    {
+      Framing fr(c);
+      run_frame(op, ks, after, stack);
+      n = next_frame;
+    }
+    if (!S.calibrating) {
+      auto it = S.frame_count.find(c);
+      if (it != S.frame_count.end() && it->second != n)
+        fail("call " + std::to_string(c) + " (" + name_of(op) + ") made " + std::to_string(n) +
+             " frames, calibration's " + std::to_string(it->second));
+    }
+  } else {
     Depth d;
     // calls made inside this one skip the key altogether: a boxed fallback costs every call it
     // sees a boxing and unboxing of its arguments, and inner calls are not counted anyway
@@ -135,7 +300,10 @@ void do_begin() {
   S.count = 0;
   S.paused = false;
   S.diverged.clear();
-  if (S.calibrating) S.names.clear();
+  if (S.calibrating) {
+    S.names.clear();
+    S.frames.clear();
+  }
   c10::impl::tls_set_dispatch_key_included(KEY, true);
 }
 
@@ -156,6 +324,23 @@ void do_calibrate(bool on) { S.calibrating = on; }
 
 std::vector<std::string> do_recorded() { return S.names; }
 
+std::vector<std::tuple<int64_t, int64_t, std::string, int64_t>> do_frames() { return S.frames; }
+
+// The frame running on this thread (count, number), or (-1, -1).
+std::pair<int64_t, int64_t> do_frame() {
+  if (!framing || running.empty()) return {-1, -1};
+  return {frame_c, running.back()};
+}
+
+void do_arm_frames(std::unordered_map<int64_t, uint8_t> flags,
+                   std::unordered_map<int64_t, int64_t> count,
+                   std::unordered_map<int64_t, std::string> expect, py::object callback) {
+  S.frame_flags = std::move(flags);
+  S.frame_count = std::move(count);
+  S.frame_expect = std::move(expect);
+  S.frame_callback = std::move(callback);
+}
+
 void do_arm(py::bytes flags, std::unordered_map<int64_t, std::string> expect, py::object callback) {
   std::string f = flags;
   S.flags.assign(f.begin(), f.end());
@@ -164,6 +349,10 @@ void do_arm(py::bytes flags, std::unordered_map<int64_t, std::string> expect, py
 }
 
 void do_disarm() {
+  S.frame_flags.clear();
+  S.frame_count.clear();
+  S.frame_expect.clear();
+  S.frame_callback = py::object();
   S.flags.clear();
   S.expect.clear();
   S.callback = py::object();
@@ -186,6 +375,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("calibrate", &do_calibrate);
   m.def("recorded", &do_recorded, "calibration: each counted call's operator name");
   m.def("arm", &do_arm);
+  m.def("arm_frames", &do_arm_frames, "frames to call back at: frame_key(count, number) -> "
+        "1 before / 2 after with arguments; each framed count's number of frames; names");
+  m.def("frames", &do_frames, "calibration: every frame (count, number, name, parent)");
+  m.def("frame", &do_frame, "the frame running on this thread: (count, number) or (-1, -1)");
   m.def("disarm", &do_disarm);
   m.def("diverged", &do_diverged);
 }
