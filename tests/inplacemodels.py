@@ -142,3 +142,50 @@ def cnblocks(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], 
     torch.manual_seed(0)
     return (_net([CNBlock(8, 0.1) for _ in range(6)], 8), _images(batch),
             nn.CrossEntropyLoss())
+
+
+class VitBlock(nn.Module):
+    """torchvision's ViT EncoderBlock: x + dropout(MultiheadAttention(ln(x))), then
+    x + MLP(ln(x)) (GELU, dropout)."""
+
+    def __init__(self, d: int, heads: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.self_attention = nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(4 * d, d), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln_1(x)
+        y, _ = self.self_attention(y, y, y, need_weights=False)
+        x = self.dropout(y) + x
+        return x + self.mlp(self.ln_2(x))
+
+
+class Vit(nn.Module):
+    """Patch embedding (a strided conv), class token, position embedding, ViT blocks, head."""
+
+    def __init__(self, d: int = 16, layers: int = 6, heads: int = 2, patch: int = 4) -> None:
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, d, patch, patch)
+        n = (SIZE // patch) ** 2 + 1
+        self.class_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embedding = nn.Parameter(torch.randn(1, n, d) * 0.02)
+        self.blocks = nn.Sequential(*(VitBlock(d, heads) for _ in range(layers)))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.ln(self.blocks(x + self.pos_embedding))
+        return self.head(x[:, 0])
+
+
+def vit_blocks(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], nn.Module]:
+    """A small torchvision-style ViT (nn.MultiheadAttention: the H100's vit_b_16 sqrt plan
+    under the native tracker read a view's input that was gone)."""
+    torch.manual_seed(0)
+    return Vit(), _images(batch), nn.CrossEntropyLoss()

@@ -56,14 +56,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from ..plan import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
 from .hostmem import PinnedPool
 from .nativerun import NativeRuns
 from .opmap import OpMap, OpSequenceError
-from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCall
+from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCall, _leaves
 
 SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
 # results (validation/workspace-free used the same margin to time these engines)
@@ -97,6 +96,10 @@ class IterationStats:
     copy_us: float = 0.0
     pool_wait_us: float = 0.0
     recompute_us: float = 0.0
+    # recording the calls chains replay, keeping constants, noting in-place updates (forward;
+    # part of host_us: the runtime's own work, which a C++ runtime would do in C++)
+    record_us: float = 0.0
+    recorded_calls: int = 0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -414,7 +417,7 @@ class Executor(Recomputation, NativeRuns):
     # ------------------------------------------------------------ storages
 
     def register(self, watch: list[tuple[int, int]], out: Any) -> None:
-        leaves, _ = tree_flatten(out)
+        leaves = _leaves(out)
         for j, t in watch:
             x = leaves[j]
             st = x.untyped_storage()

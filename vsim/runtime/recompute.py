@@ -6,6 +6,7 @@ for random ops) and called again, outside autograd, before the op that needs the
 
 from __future__ import annotations
 
+import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ..plan import Recompute
 
@@ -45,6 +45,33 @@ _OVERWRITE = ("aten.bernoulli_.", "aten.normal_.", "aten.uniform_.", "aten.rando
               "aten.fill_.", "aten.zero_.", "aten.copy_.")
 
 
+def _map(fn: Callable[[Any], Any], x: Any) -> Any:
+    """`fn` applied to every tensor or TensorRef in an aten call's arguments or outputs (tuples,
+    lists, dicts of them; nothing deeper occurs), the rest kept: torch's pytree costs about ten
+    times as much per call, and the executor maps every recorded and replayed call's
+    arguments (cProfile on the CPU stand-ins: most of its recording time)."""
+    if isinstance(x, (torch.Tensor, TensorRef)):
+        return fn(x)
+    t = type(x)
+    if t is tuple or t is list:
+        if not any(isinstance(v, _NODES) for v in x):
+            return x  # sizes, strides: nothing to map
+        return t(_map(fn, v) for v in x)
+    if t is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    return x
+
+
+def _leaves(x: Any) -> list[Any]:
+    """The leaves of an aten call's arguments or outputs, in pytree's order (None a leaf,
+    torch.return_types' tuples flattened)."""
+    if isinstance(x, (tuple, list)):
+        return [leaf for v in x for leaf in _leaves(v)]
+    if type(x) is dict:
+        return [leaf for v in x.values() for leaf in _leaves(v)]
+    return [x]
+
+
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
 
@@ -65,6 +92,9 @@ class TensorRef:
     offset: int
     dtype: torch.dtype
     device: torch.device
+
+
+_NODES = (torch.Tensor, TensorRef, tuple, list, dict)  # what _map looks into
 
 
 @dataclass
@@ -120,14 +150,23 @@ class Recomputation:
     def keep_constant(self, out: Any) -> None:
         """Keep the small tensors a constant-making call returned (see CONSTANT_FUNCS) for the
         iteration: recorded calls that read them hold them, not a reference to their storage."""
-        for x in tree_flatten(out)[0]:
+        for x in _leaves(out):
             if isinstance(x, torch.Tensor) and x.numel() <= CONSTANT_MAX_ELEMENTS:
                 self.constants[self._key(x.untyped_storage())] = x
 
     def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> None:
         """Call k has run (outputs `out`; `rng`: the RNG state before it, for random calls a
         chain records): keep its constants, record it where a recomputed chain needs it, else
-        note an in-place update it made (either tracker calls this where the plan needs it)."""
+        note an in-place update it made (either tracker calls this where the plan needs it).
+        Its host time is the runtime's own too (`record_us`, part of `host_us`)."""
+        t0 = time.perf_counter()
+        self._on_call(func, args, kwargs, out, rng, k)
+        dt = (time.perf_counter() - t0) * 1e6
+        self.stats.record_us += dt
+        self.stats.host_us += dt
+        self.stats.recorded_calls += 1
+
+    def _on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> None:
         if k in self.constant_calls:
             self.keep_constant(out)
         op = self.map.call_op[k]
@@ -191,11 +230,11 @@ class Recomputation:
                                  int(x.storage_offset()), x.dtype, x.device)
             return x
 
-        sargs, skwargs = tree_map(spec, args), tree_map(spec, kwargs)
-        leaves, _ = tree_flatten(out)
+        sargs, skwargs = _map(spec, args), _map(spec, kwargs)
+        leaves = _leaves(out)
         out_keys = [(j, self._key(x.untyped_storage())) for j, x in enumerate(leaves)
                     if isinstance(x, torch.Tensor)]
-        read = {r.key for r in tree_flatten((sargs, skwargs))[0] if isinstance(r, TensorRef)}
+        read = {r.key for r in _leaves((sargs, skwargs)) if isinstance(r, TensorRef)}
         inplace: list[int] = []
         unversioned: set[int] = set()
         overwrites = str(func).startswith(_OVERWRITE)
@@ -303,7 +342,7 @@ class Recomputation:
             out = self._call(call, args, kwargs)
             self.stats.recomputed_calls += 1
             self.stats.inplace_rerun += k in extra
-            leaves, _ = tree_flatten(out)
+            leaves = _leaves(out)
             for j, key in call.out_keys:
                 o = leaves[j]
                 ost = o.untyped_storage()
@@ -381,7 +420,7 @@ class Recomputation:
             return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
                                                                        r.stride)
 
-        return list(tree_map(resolve, call.args)), dict(tree_map(resolve, call.kwargs))
+        return list(_map(resolve, call.args)), dict(_map(resolve, call.kwargs))
 
     @staticmethod
     def _protect_mutated(call: RecordedCall, args: list[Any], kwargs: dict[str, Any],
