@@ -13,7 +13,10 @@ is fitted (non-negative least squares) on the runs of the FIT models and checked
 Offloads and prefetches come in equal numbers in almost every run, so they share one cost.
 Runs whose caching allocator retried (allocator_churn.num_alloc_retries > 0) are left out: a
 retry synchronizes the device inside an action, so their executor time includes waiting for the
-GPU, not only host work. Writes nothing: prints the values for hardware/host/NAME.yaml's
+GPU, not only host work. So are runs that recompute but whose recording was not yet timed
+(no `executed.executor_record_us`: the runtime before 2026-11-26 07:00 UTC left the recording
+of recomputed calls out of `executor_host_us`); the recording is charged with the replay, per
+recomputed call. Writes nothing: prints the values for hardware/host/NAME.yaml's
 `executor` section and the check table.
 
     python validation/host/fit_executor.py \
@@ -43,7 +46,7 @@ def runs(hardware: str) -> list[dict]:
             continue
         x = [ex["offloads"] + ex["prefetches"], ex["releases"] + ex["drops"],
              ex["recomputed_calls"]]
-        if sum(x) == 0:
+        if sum(x) == 0 or (ex["recomputed_calls"] and "executor_record_us" not in ex):
             continue
         churn = d.get("allocator_churn") or {}
         out.append({"id": d["id"], "model": d["model"], "x": x, "y": ex["executor_host_us"],
