@@ -57,6 +57,23 @@ def test_watched_outputs_are_found_by_storage_or_where_autograd_saves_them() -> 
         targets(unsaved, boundary_calls=[], watch={0: [(1, 9)]})
 
 
+def test_a_watched_output_no_counted_call_returns_comes_from_its_own_frame() -> None:
+    """Autocast's cast of a weight inside a linear: not the counted call's output, not saved
+    within it; the cast's own frame returns it."""
+    cal = _cal(before=[1, 1], inside=[True, True], views=[False, False],
+               names=["aten::linear.default"], outputs={0: [(0, 1000)]}, registered={7: 2000})
+    cal.funcs = ["aten._to_copy.default", "aten.addmm.default"]
+    cal.frames = [(0, 0, "aten::linear.default", -1), (0, 1, "aten::_to_copy.default", 0),
+                  (0, 2, "aten::addmm.default", 0)]
+    cal.frame_of = [(0, 1), (0, 2)]
+    tg = targets(cal, boundary_calls=[], watch={0: [(0, 7)]})
+    assert tg.frame_watch == {1: [(0, 7)]} and tg.frame_flags == {1: 2}
+    assert tg.flags == bytes([4]) and tg.frame_count == {0: 3}
+    cal.frame_of = [(0, 0), (0, 2)]  # seen inside linear's frame, not its own
+    with pytest.raises(Unsafe, match="nor an output of a frame of its own"):
+        targets(cal, boundary_calls=[], watch={0: [(0, 7)]})
+
+
 torch = pytest.importorskip("torch")
 
 

@@ -265,7 +265,13 @@ class NativeRuns:
                 return
             assert self._armed is not None
             cal, tg = self._armed
-            k = tg.frame_call[nativemod.frame_key(count, number)]
+            key = nativemod.frame_key(count, number)
+            pairs = tg.frame_watch.get(key)
+            if pairs:
+                self.register(pairs, out)
+            k = tg.frame_call.get(key)
+            if k is None:
+                return
             func, random = cal.flagged[k]
             rng, self._frame_rng = (self._frame_rng if random else None), None
             self.on_call(func, args, kwargs, out, rng, k)

@@ -132,6 +132,7 @@ class Targets:
     frame_flags: dict[int, int] = field(default_factory=dict)
     frame_expect: dict[int, str] = field(default_factory=dict)
     frame_call: dict[int, int] = field(default_factory=dict)
+    frame_watch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # -> (j, t)
     frame_count: dict[int, int] = field(default_factory=dict)
 
 
@@ -186,6 +187,7 @@ def targets(cal: Calibration, boundary_calls: list[int],
             flags[c] |= 2
             out.after[c] = max(k, out.after.get(c, k))
         out.expect[c] = cal.names[c]
+    watched: dict[int, list[tuple[int, int]]] = {}  # call k -> (output index, trace tensor)
     saved: dict[tuple[int, int], int] = {}
     for i, (count, ptr) in enumerate(cal.packs):
         saved.setdefault((count, ptr), i)
@@ -206,18 +208,43 @@ def targets(cal: Calibration, boundary_calls: list[int],
             # not returned by the counted call (max pooling's indices, batch norm's saved
             # statistics): where autograd saves it while that call still runs
             at = saved.get((cal.before[k], ptr))
-            if at is None:
+            if at is not None:
+                out.packs[at] = t
+            elif _own_frame(cal, k) is not None:
+                # an inner call's output (autocast's casts inside linear): from call k's frame
+                watched.setdefault(k, []).append((j_out(pairs, t), t))
+            else:
                 raise Unsafe(f"trace tensor {t}, an output of aten call {k} ({cal.funcs[k]}), "
                              f"is neither an output of its counted call "
-                             f"{python_name(cal.names[c])} nor saved for backward within it")
-            out.packs[at] = t
-    _frame_targets(cal, flags, out)
+                             f"{python_name(cal.names[c])} nor saved for backward within it, "
+                             "nor an output of a frame of its own")
+    _frame_targets(cal, flags, out, watched)
     out.flags = bytes(flags)
     return out
 
 
-def _frame_targets(cal: Calibration, flags: bytearray, out: Targets) -> None:
-    """Frames to call back at for the calls in `cal.flagged` (module docstring)."""
+def j_out(pairs: list[tuple[int, int]], t: int) -> int:
+    """The index among a call's flattened outputs of trace tensor `t` (watch pairs)."""
+    return next(j for j, tt in pairs if tt == t)
+
+
+def _own_frame(cal: Calibration, k: int) -> tuple[int, int] | None:
+    """The frame Python call k ran as (its own operator), or None."""
+    if k >= len(cal.frame_of):
+        return None
+    c, j = cal.frame_of[k]
+    if c < 0:
+        return None
+    for cc, jj, name, _ in cal.frames:
+        if cc == c and jj == j:
+            return (c, j) if _base(python_name(name)) == _base(cal.funcs[k]) else None
+    return None
+
+
+def _frame_targets(cal: Calibration, flags: bytearray, out: Targets,
+                   watched: dict[int, list[tuple[int, int]]]) -> None:
+    """Frames to call back at for the calls in `cal.flagged`, and for the watched calls whose
+    trace tensors only their own frame returns (module docstring)."""
     names = {(c, j): n for c, j, n, _ in cal.frames}
     counts: dict[int, int] = {}
     for c, *_ in cal.frames:
@@ -240,5 +267,13 @@ def _frame_targets(cal: Calibration, flags: bytearray, out: Targets) -> None:
         out.frame_flags[key] = 2 | (1 if cal.flagged[k][1] else 0)
         out.frame_expect[key] = name
         out.frame_call[key] = k
+        out.frame_count[c] = counts[c]
+        flags[c] |= 4
+    for k, pairs in watched.items():
+        c, j = cal.frame_of[k]
+        key = frame_key(c, j)
+        out.frame_flags[key] = out.frame_flags.get(key, 0) | 2
+        out.frame_expect[key] = names[(c, j)]
+        out.frame_watch[key] = pairs
         out.frame_count[c] = counts[c]
         flags[c] |= 4
