@@ -129,7 +129,7 @@ class CachingAllocator(Allocator):
 
     def largest_free_bytes(self) -> int:
         cached = max((p.free.largest() for p in self.pools.values()), default=0)
-        releasable = sum(s.size for p in self.pools.values() for s in p.segments if s.is_free())
+        releasable = sum(p.free_segment_bytes for p in self.pools.values())
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 
 
