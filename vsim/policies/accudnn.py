@@ -46,13 +46,16 @@ class AccUDNN(FittedPolicy):
         ev = a.evictions(blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
         ft = {t: free_time_us(ev, t) for t in candidates}
+        # Blocking swaps' windows wait for no queue and no need changes here: computed once
+        # (per eviction, they were most of the planning).
+        window = {t: ev.swap_window(t) for t in candidates}
         hidden, best_cost = 0, 0.0
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[bool, float, int] | None = None
             for t in candidates:
                 if t in ev.swaps:
                     continue
-                lo, hi = ev.swap_window(t)
+                lo, hi = window[t]
                 if not lo <= x < hi:
                     continue
                 cost = max(0.0, -ft[t]) + ev.blocking_us(t, x)

@@ -29,9 +29,7 @@ from ..spec import choice
 from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
-from .layers import TraceView
 from .planning import (
-    Evictions,
     alive_in_trace,
     chain_inputs,
     free_time_us,
@@ -62,20 +60,41 @@ class Hybrid(FittedPolicy):
         chains = {t: recompute_chain(view, t) for t in cands}
         inputs: set[int] = set()   # read by planned recomputations: may be swapped, not dropped
         spent = {"swap": 0.0, "recompute": 0.0}  # swap: how many hide; recompute: us
+        # Per candidate, what depends only on its need (ev.need: changed below only for the
+        # inputs of a planned recomputation, whose entries go then): its swap window (blocking:
+        # behind no queue), swap cost, drop window and whether its recomputation reads only
+        # what the trace holds then. Recomputed per eviction, these were most of the planning.
+        known: dict[int, tuple[tuple[int, int], float, tuple[int, int], bool, float,
+                               set[int]]] = {}
+
+        def facts(t: int) -> tuple[tuple[int, int], float, tuple[int, int], bool, float,
+                                   set[int]]:
+            got = known.get(t)
+            if got is None:
+                dw = ev.drop_window(t)
+                chain = chains[t]
+                ins = chain_inputs(view, chain)
+                held = bool(chain) and not stale_inputs(view, chain) \
+                    and all(alive_in_trace(view, i, dw[1]) for i in ins)
+                got = known[t] = (ev.swap_window(t), swap_cost(t), dw, held,
+                                  sum(view.op[o].dur_us for o in chain), ins)
+            return got
+
         while (x := ev.usage.over(budget)) is not None:
             best: tuple[float, int, int, str] | None = None
             for t in cands:
                 if t in ev.swaps or t in ev.drops:
                     continue
+                (lo, hi), sc, (dlo, dhi), held, chain_us, ins = facts(t)
                 size = view.tensor[t].size_bytes
                 options = []
-                lo, hi = ev.swap_window(t)
                 if lo <= x < hi:
-                    options.append((swap_cost(t) + ev.blocking_us(t, x), "swap"))
-                lo, hi = ev.drop_window(t)
-                if lo <= x < hi and t not in inputs \
-                        and self._recomputable(view, ev, chains[t], hi):
-                    options.append((sum(view.op[o].dur_us for o in chains[t]), "recompute"))
+                    options.append((sc + ev.blocking_us(t, x), "swap"))
+                # recomputable: reads only what the trace still holds then, in the state it
+                # read (planning.stale_inputs), and nothing dropped (swapped inputs come back)
+                if dlo <= x < dhi and t not in inputs and held \
+                        and ev.drops.keys().isdisjoint(ins):
+                    options.append((chain_us, "recompute"))
                 for cost, how in options:
                     key = (cost / max(size, 1), -size, t, how)
                     if best is None or key < best:
@@ -97,6 +116,7 @@ class Hybrid(FittedPolicy):
                     continue
                 if i not in ev.needs or view.pos[before] < view.pos[ev.needs[i]]:
                     ev.needs[i] = before
+                    known.pop(i, None)
                 if i in ev.swaps:
                     ev.add_swap(i, update=False)
             ev.add_drop(t, chains[t])
@@ -109,13 +129,3 @@ class Hybrid(FittedPolicy):
                          f"{view.ops[x // 2].id}: nothing left to evict there")
         return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)
-
-    @staticmethod
-    def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...],
-                      need_slot: int) -> bool:
-        """The recomputation reads only what the trace still holds then, in the state it read
-        (planning.stale_inputs), and nothing dropped (swapped inputs come back for it)."""
-        if not chain or stale_inputs(view, chain):
-            return False
-        return all(alive_in_trace(view, i, need_slot) and i not in ev.drops
-                   for i in chain_inputs(view, chain))

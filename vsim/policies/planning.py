@@ -385,6 +385,7 @@ class Evictions:
         self.swaps: dict[int, Swap] = {}
         self.drops: dict[int, tuple[int, tuple[int, ...]]] = {}  # t -> (drop_after, chain)
         self.needs: dict[int, int] = {}  # t -> op, when something reads it before its bwd reader
+        self._issues: dict[int, tuple[tuple[int, bool, int], float, float]] = {}
         self.usage = self.profile()
 
     def need(self, t: int) -> int:
@@ -436,8 +437,18 @@ class Evictions:
     def blocking_us(self, t: int, slot: int) -> float:
         """How long an op at `slot` would wait for the swap of `t` to leave (0 if it is gone
         by then, by the trace's clock)."""
-        s = self.trial_swap(t)
-        return max(0.0, s.copy_done_us - self.view.time_at(self.view.ops[slot // 2].id))
+        # trial_swap's copy end without building the swap: where the copy is issued does not
+        # depend on the need (planners ask this per candidate per eviction)
+        got = self._issues.get(t)
+        view = self.view
+        if got is None:
+            last = self.last_fwd_use(t)
+            got = self._issues[t] = ((view.pos[last], True, t), view.end_time(last),
+                                     self.timeline.d2h_us(view.tensor[t].size_bytes))
+        key, issue, d2h = got
+        i = bisect.bisect_left(self._queue_keys, key)
+        copy_done = max(issue, self._queue_ends[i - 1] if i else 0.0) + d2h
+        return max(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
 
     def drop_window(self, t: int) -> tuple[int, int]:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
