@@ -386,6 +386,8 @@ class Evictions:
         self.drops: dict[int, tuple[int, tuple[int, ...]]] = {}  # t -> (drop_after, chain)
         self.needs: dict[int, int] = {}  # t -> op, when something reads it before its bwd reader
         self._issues: dict[int, tuple[tuple[int, bool, int], float, float]] = {}
+        self._key_base = max((t.id for t in view.trace.tensors), default=0) + 1
+        self._queue_np: tuple[np.ndarray, np.ndarray] | None = None  # the queue, as arrays
         self.usage = self.profile()
 
     def need(self, t: int) -> int:
@@ -439,16 +441,49 @@ class Evictions:
         by then, by the trace's clock)."""
         # trial_swap's copy end without building the swap: where the copy is issued does not
         # depend on the need (planners ask this per candidate per eviction)
-        got = self._issues.get(t)
         view = self.view
-        if got is None:
-            last = self.last_fwd_use(t)
-            got = self._issues[t] = ((view.pos[last], True, t), view.end_time(last),
-                                     self.timeline.d2h_us(view.tensor[t].size_bytes))
-        key, issue, d2h = got
+        key, issue, d2h = self._issue(t)
         i = bisect.bisect_left(self._queue_keys, key)
         copy_done = max(issue, self._queue_ends[i - 1] if i else 0.0) + d2h
         return max(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
+
+    def issue_table(self, tensors: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per tensor, where its swap's copy would join the D2H queue (its queue key, encoded as
+        one integer in the same order), when it is issued and how long it takes (us): what
+        blocking_us_many needs, computed once for a planner's candidates."""
+        enc, issue, d2h = [], [], []
+        for t in tensors:
+            (pos, after, _), at, dur = self._issue(t)
+            enc.append((2 * pos + after) * self._key_base + t)
+            issue.append(at)
+            d2h.append(dur)
+        return (np.array(enc, dtype=np.int64), np.array(issue, dtype=np.float64),
+                np.array(d2h, dtype=np.float64))
+
+    def blocking_us_many(self, table: tuple[np.ndarray, np.ndarray, np.ndarray],
+                         slot: int) -> np.ndarray:
+        """blocking_us for each tensor of an issue_table (rows of it), at `slot`: the same
+        values, for all candidates at once."""
+        enc, issue, d2h = table
+        if self._queue_np is None:
+            self._queue_np = (
+                np.array([(2 * p + a) * self._key_base + t for p, a, t in self._queue_keys],
+                         dtype=np.int64),
+                np.array([0.0, *self._queue_ends], dtype=np.float64))
+        keys, ends = self._queue_np
+        before = ends[np.searchsorted(keys, enc, side="left")]  # ends[0]: nothing before
+        copy_done = np.maximum(issue, before) + d2h
+        view = self.view
+        return np.maximum(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
+
+    def _issue(self, t: int) -> tuple[tuple[int, bool, int], float, float]:
+        got = self._issues.get(t)
+        if got is None:
+            view = self.view
+            last = self.last_fwd_use(t)
+            got = self._issues[t] = ((view.pos[last], True, t), view.end_time(last),
+                                     self.timeline.d2h_us(view.tensor[t].size_bytes))
+        return got
 
     def drop_window(self, t: int) -> tuple[int, int]:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
@@ -467,6 +502,7 @@ class Evictions:
         self.usage.remove(view.tensor[t].size_bytes, self.gone_from(s), view.start(s.need_op))
         key = (view.pos[s.offload_op], s.after, s.tensor)
         i = bisect.bisect_left(self._queue_keys, key)
+        self._queue_np = None
         self._queue_keys.insert(i, key)
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
@@ -497,6 +533,7 @@ class Evictions:
         self._queue_keys = [(view.pos[s.offload_op], s.after, s.tensor) for s in queue]
         self._queue_ends = [s.copy_done_us for s in queue]
         self._queue_swaps = queue
+        self._queue_np = None
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
             u.remove(size, self.gone_from(s), self.view.start(s.need_op))
