@@ -41,21 +41,25 @@ class FreeIndex:
     """Free blocks of one pool and stream, sorted by (size, addr) for best fit and kept in a
     second list by address for first fit."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_addr: bool = True) -> None:
+        """`by_addr` False: no address order kept (first_fit unavailable): best fit alone
+        (the caching allocator) pays for one sorted list, not two."""
         self.by_size: list[tuple[int, int]] = []
-        self.by_addr: list[int] = []
+        self.by_addr: list[int] | None = [] if by_addr else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, block.key())
-        bisect.insort(self.by_addr, block.addr)
+        bisect.insort(self.by_size, (block.size, block.addr))
+        if self.by_addr is not None:
+            bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
-        i = bisect.bisect_left(self.by_size, block.key())
+        i = bisect.bisect_left(self.by_size, (block.size, block.addr))
         del self.by_size[i]
-        j = bisect.bisect_left(self.by_addr, block.addr)
-        del self.by_addr[j]
+        if self.by_addr is not None:
+            j = bisect.bisect_left(self.by_addr, block.addr)
+            del self.by_addr[j]
         del self.blocks[block.addr]
 
     def best_fit(self, size: int) -> Block | None:
@@ -65,6 +69,7 @@ class FreeIndex:
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
+        assert self.by_addr is not None, "built without the address order"
         for addr in self.by_addr:
             block = self.blocks[addr]
             if block.size >= size:
@@ -81,8 +86,8 @@ class FreeIndex:
 class BlockPool:
     """Segments and their blocks for one (pool, stream); split and merge."""
 
-    def __init__(self) -> None:
-        self.free = FreeIndex()
+    def __init__(self, by_addr: bool = True) -> None:
+        self.free = FreeIndex(by_addr)
         self.segments: list[Segment] = []
         # Bytes of the segments with no block in use, kept as blocks are taken and given back
         # (the caching allocator's largest_free_bytes asks for it on every request of a plan

@@ -65,7 +65,7 @@ class CachingAllocator(Allocator):
     def _pool(self, pool: str, stream: int) -> BlockPool:
         found = self.pools.get((pool, stream))
         if found is None:  # (setdefault would build a BlockPool on every call)
-            found = self.pools[(pool, stream)] = BlockPool()
+            found = self.pools[(pool, stream)] = BlockPool(by_addr=False)  # best fit only
         return found
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
