@@ -128,11 +128,9 @@ class Hybrid(FittedPolicy):
                 if view.tensor[u].kind not in ("activation", "input"):
                     continue
                 if u not in ev.needs or view.pos[before] < view.pos[ev.needs[u]]:
-                    ev.needs[u] = before
+                    ev.move_need(u, before)  # a swapped input comes back by then
                     if u in where:
                         refresh(where[u])
-                if u in ev.swaps:
-                    ev.add_swap(u, update=False)
             ev.add_drop(t, chains[t])
             reads_no_drop[read_by.get(t, [])] = False
         jit = jit_prefetch_slots(view, tl, ev.swaps.values())

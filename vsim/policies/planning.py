@@ -453,8 +453,8 @@ class Evictions:
         blocking_us_many needs, computed once for a planner's candidates."""
         enc, issue, d2h = [], [], []
         for t in tensors:
-            (pos, after, _), at, dur = self._issue(t)
-            enc.append((2 * pos + after) * self._key_base + t)
+            key, at, dur = self._issue(t)
+            enc.append(self._encode(key))
             issue.append(at)
             d2h.append(dur)
         return (np.array(enc, dtype=np.int64), np.array(issue, dtype=np.float64),
@@ -466,15 +466,18 @@ class Evictions:
         values, for all candidates at once."""
         enc, issue, d2h = table
         if self._queue_np is None:
-            self._queue_np = (
-                np.array([(2 * p + a) * self._key_base + t for p, a, t in self._queue_keys],
-                         dtype=np.int64),
-                np.array([0.0, *self._queue_ends], dtype=np.float64))
+            self._queue_np = (np.array(self._queue_enc, dtype=np.int64),
+                              np.array([0.0, *self._queue_ends], dtype=np.float64))
         keys, ends = self._queue_np
         before = ends[np.searchsorted(keys, enc, side="left")]  # ends[0]: nothing before
         copy_done = np.maximum(issue, before) + d2h
         view = self.view
         return np.maximum(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
+
+    def _encode(self, key: tuple[int, bool, int]) -> int:
+        """A D2H queue key (op position, after, tensor) as one integer of the same order."""
+        pos, after, t = key
+        return (2 * pos + after) * self._key_base + t
 
     def _issue(self, t: int) -> tuple[tuple[int, bool, int], float, float]:
         got = self._issues.get(t)
@@ -492,6 +495,7 @@ class Evictions:
         new = t not in self.swaps
         s = self.swaps[t] = swap or self.swap(t)
         if not update:
+            self._stale = True  # until refresh()
             return
         if not (new and self.blocking and s.prefetch_op is None):
             self.usage = self.profile()
@@ -504,6 +508,7 @@ class Evictions:
         i = bisect.bisect_left(self._queue_keys, key)
         self._queue_np = None
         self._queue_keys.insert(i, key)
+        self._queue_enc.insert(i, self._encode(key))
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
         free_at = self._queue_ends[i - 1] if i else 0.0
@@ -514,8 +519,37 @@ class Evictions:
             self._queue_ends[j] = q.copy_done_us = free_at
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
-        self.drops[t] = (self.last_fwd_use(t), chain)
-        self.usage = self.profile()
+        after = self.last_fwd_use(t)
+        self.drops[t] = (after, chain)
+        if self.blocking and not self._stale:
+            # Blocking: nothing else's window moves (profile() would give the same bytes; a
+            # rebuild per drop was most of hybrid's planning on ResNet-1001)
+            view = self.view
+            self.usage.remove(view.tensor[t].size_bytes, view.end(after),
+                              view.before(self.need(t)))
+        else:
+            self.usage = self.profile()
+
+    def move_need(self, t: int, op: int) -> None:
+        """`t` is read again at `op`, before it would be otherwise (a planned recomputation
+        reads it): its need moves there, and a swap of it comes back by then. Blocking, with
+        its prefetch not yet placed: the profile and the D2H queue are updated in place (the
+        copy out does not move; the window off the device ends earlier)."""
+        self.needs[t] = op
+        old = self.swaps.get(t)
+        if old is None:
+            return
+        new = self.swaps[t] = self.swap(t)
+        if not (self.blocking and not self._stale and old.prefetch_op is None):
+            self.usage = self.profile()
+            return
+        view = self.view
+        size = view.tensor[t].size_bytes
+        self.usage.add(size, self.gone_from(old), view.start(old.need_op))
+        self.usage.remove(size, self.gone_from(new), view.start(new.need_op))
+        new.copy_done_us, new.release_slot = old.copy_done_us, old.release_slot
+        i = bisect.bisect_left(self._queue_keys, (view.pos[new.offload_op], new.after, t))
+        self._queue_swaps[i] = new
 
     def refresh(self) -> None:
         """Recompute `usage` from the base profile and every swap and drop chosen (after
@@ -533,7 +567,9 @@ class Evictions:
         self._queue_keys = [(view.pos[s.offload_op], s.after, s.tensor) for s in queue]
         self._queue_ends = [s.copy_done_us for s in queue]
         self._queue_swaps = queue
+        self._queue_enc = [self._encode(k) for k in self._queue_keys]
         self._queue_np = None
+        self._stale = False
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
             u.remove(size, self.gone_from(s), self.view.start(s.need_op))
