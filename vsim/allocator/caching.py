@@ -128,8 +128,13 @@ class CachingAllocator(Allocator):
         return tuple(out)
 
     def largest_free_bytes(self) -> int:
-        cached = max((p.free.largest() for p in self.pools.values()), default=0)
-        releasable = sum(p.free_segment_bytes for p in self.pools.values())
+        # (one pass: the engine asks on every request of a plan that waits for memory)
+        cached = releasable = 0
+        for p in self.pools.values():
+            by_size = p.free.by_size
+            if by_size and by_size[-1][0] > cached:
+                cached = by_size[-1][0]
+            releasable += p.free_segment_bytes
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 
 

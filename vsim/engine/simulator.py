@@ -425,11 +425,20 @@ class Engine:
 
     def _allocate_outputs(self, op: Op) -> Generator[simpy.Event, Any, bool]:
         retime = self.retime.get(op.id)
+        memory, size, wait = self.memory, self.size, self.plan.wait_for_memory
         for t in op.writes:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
-            if not (yield from self._alloc_waiting(t, op.id, fall_back=True)):
+            # _alloc_waiting's first steps inline (most requests are served at once): no need
+            # to wait for memory, and the allocation succeeds
+            if wait and size[t] > memory.allocator.largest_free_bytes():
+                ok = yield from self._alloc_waiting(t, op.id, fall_back=True)
+            elif memory.allocate(t, size[t], self.env.now, op.id):
+                continue
+            else:
+                ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
+            if not ok:
                 return False
         return True
 
@@ -447,9 +456,18 @@ class Engine:
             if not pending:
                 break
             yield self.env.any_of(pending)
-        while not self.memory.allocate(tensor, size, self.env.now, op, state):
-            # PyTorch's allocator, before it gives up, waits for every block freed while its
-            # copy ran (record_stream) and retries (Allocator.retries_after_pending_frees).
+        if self.memory.allocate(tensor, size, self.env.now, op, state):
+            return True
+        return (yield from self._after_failed_alloc(tensor, op, state, fall_back))
+
+    def _after_failed_alloc(self, tensor: int, op: int | None, state: Residency,
+                            fall_back: bool) -> Generator[simpy.Event, Any, bool]:
+        """An allocation just failed: PyTorch's allocator, before it gives up, waits for every
+        block freed while its copy ran (record_stream) and retries
+        (Allocator.retries_after_pending_frees); then the workspace fallback, else out of
+        memory."""
+        size = self.size[tensor]
+        while True:
             pending = self.transfers.releasing_memory() \
                 if self.allocator.retries_after_pending_frees else []
             if not pending:
@@ -458,7 +476,8 @@ class Engine:
                 self._out_of_memory(tensor, op)
                 return False
             yield self.env.all_of(pending)
-        return True
+            if self.memory.allocate(tensor, size, self.env.now, op, state):
+                return True
 
     def _duration(self, op: Op) -> float:
         retime = self.retime.get(op.id)
