@@ -357,7 +357,7 @@ class Engine:
                 now = env.now
                 for i, t in enumerate(op.writes):
                     if not allocate(t, size[t], now, oid):
-                        if retries and transfers.releasing_memory():
+                        if retries and transfers.releasing_memory("any"):
                             # the allocator waits for blocks freed while a copy ran
                             for t2 in op.writes[i:]:
                                 if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
@@ -452,7 +452,7 @@ class Engine:
         while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
-            pending = self.transfers.releasing_memory()
+            pending = self.transfers.releasing_memory("any")
             if not pending:
                 break
             yield self.env.any_of(pending)
@@ -468,7 +468,7 @@ class Engine:
         memory."""
         size = self.size[tensor]
         while True:
-            pending = self.transfers.releasing_memory() \
+            pending = self.transfers.releasing_memory("all") \
                 if self.allocator.retries_after_pending_frees else []
             if not pending:
                 if fall_back and self._fall_back(tensor, op):

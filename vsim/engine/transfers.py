@@ -97,16 +97,24 @@ class Transfers:
         return [*self._d2h_active.values(),
                 *(e for e in self._prefetched.values() if not e.triggered)]
 
-    def releasing_memory(self) -> list[simpy.Event]:
+    def releasing_memory(self, wait: str = "") -> list[simpy.Event]:
         """Device copies that will be given back once their D2H copy ends: only offloads whose
-        release op has ended (the others also wait for an op, maybe the one allocating)."""
+        release op has ended (the others also wait for an op, maybe the one allocating).
+        `wait` "any" or "all": only what a Condition of that kind over them needs (the same
+        step triggers it): of the offloads, the first (any) or the last (all) in issue order,
+        whose copies end in that order (see _d2h_before), with every deferred block."""
         self._returning = [e for e in self._returning if not e.triggered]
         # Those still copying are the D2H copies not yet finished (_d2h_active: a scan of every
         # offload of the run here was a tenth of a profiling run); a device copy is given back
         # only once its copy has finished.
         finished, release_op = self.finished, self._release_op
-        return [self._released[t] for t in self._d2h_active
-                if release_op[t] in finished] + self._returning
+        if wait == "any" and not self.plan.pinned_lazy:
+            first = next((t for t in self._d2h_active if release_op[t] in finished), None)
+            return ([] if first is None else [self._released[first]]) + self._returning
+        copies = [self._released[t] for t in self._d2h_active if release_op[t] in finished]
+        if wait == "all" and not self.plan.pinned_lazy:
+            copies = copies[-1:]
+        return copies + self._returning
 
     def _d2h_before(self) -> list[simpy.Event]:
         """What waiting for every D2H copy issued so far and not finished amounts to: the last
