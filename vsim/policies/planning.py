@@ -290,20 +290,26 @@ def chain_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
     return {t for o in ops for t in o.reads if t not in written}
 
 
-def stale_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
+def stale_inputs(view: TraceView, chain: Iterable[int],
+                 inputs: set[int] | None = None) -> set[int]:
     """Inputs of the chain that a forward op updates in place at or after a chain op that reads
     them: by the recomputation the device holds a later state than the one the chain read (a
     chain that starts at an in-place SiLU and keeps the batch norm's output, which holds SiLU's
     result by then). The runtime refuses such a chain (ExecutorError); a plan must not hold
-    one."""
+    one. `inputs`: chain_inputs(view, chain), if the caller has it."""
     chain = list(chain)
+    # only inputs that some op updates in place can be stale (most have none: the DP asks this
+    # for thousands of segments)
+    updated = [t for t in (chain_inputs(view, chain) if inputs is None else inputs)
+               if view.updates(t)]
+    if not updated:
+        return set()
     pos = view.pos
     first: dict[int, int] = {}
     for o in chain:
         for t in view.op[o].reads:
             first[t] = min(first.get(t, pos[o]), pos[o])
-    return {t for t in chain_inputs(view, chain)
-            if any(pos[u] >= first[t] for u in view.updates(t))}
+    return {t for t in updated if any(pos[u] >= first[t] for u in view.updates(t))}
 
 
 def inseparable(view: TraceView) -> frozenset[int]:
