@@ -512,7 +512,6 @@ class Evictions:
         self.usage.remove(view.tensor[t].size_bytes, self.gone_from(s), view.start(s.need_op))
         key = (view.pos[s.offload_op], s.after, s.tensor)
         i = bisect.bisect_left(self._queue_keys, key)
-        self._queue_np = None
         self._queue_keys.insert(i, key)
         self._queue_enc.insert(i, self._encode(key))
         self._queue_ends.insert(i, 0.0)
@@ -523,6 +522,10 @@ class Evictions:
             issue = view.end_time(q.offload_op) if q.after else view.time_at(q.offload_op)
             free_at = max(issue, free_at) + self.timeline.d2h_us(view.tensor[q.tensor].size_bytes)
             self._queue_ends[j] = q.copy_done_us = free_at
+        if self._queue_np is not None:  # the arrays likewise, from i on (not rebuilt whole)
+            keys, ends = self._queue_np
+            self._queue_np = (np.insert(keys, i, self._queue_enc[i]), np.concatenate(
+                [ends[:i + 1], np.array(self._queue_ends[i:], dtype=np.float64)]))
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         after = self.last_fwd_use(t)
