@@ -133,6 +133,11 @@ def test_accounting_identity(name, ops):
         assert a.allocated_bytes + a.free_in_segments_bytes() == a.reserved_bytes
         assert a.reserved_bytes <= a.capacity_bytes
         assert a.allocated_bytes == sum(a.block_size(b) for b in live)
+        # the running count of fully free segments' bytes (largest_free_bytes reads it)
+        pools = list(getattr(a, "pools", {}).values()) + [getattr(a, "pool", None)]
+        for p in pools:
+            if p is not None:
+                assert p.free_segment_bytes == sum(s.size for s in p.segments if s.is_free())
     for block in live:
         a.free(block)
     assert a.allocated_bytes == 0

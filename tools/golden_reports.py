@@ -4,6 +4,9 @@ that a refactoring leaves every report and predicted trace byte-identical.
     python tools/golden_reports.py OUT.json            # write digests
     python tools/golden_reports.py OUT.json --against BEFORE.json   # compare, exit 1 on change
 
+`--no-notes` leaves the reports' notes out of the digests (with the plan's actions digested
+instead): for a change that plans the same with fewer profiling runs, which the notes count.
+
 Uses only public entry points (load_trace, load_hardware, make_policy, make_allocator, simulate),
 so it runs unchanged across the refactoring it checks.
 """
@@ -35,6 +38,8 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--against")
     ap.add_argument("--no-predicted", action="store_true", help="reports only (faster)")
+    ap.add_argument("--no-notes", action="store_true",
+                    help="reports without their notes, and the plan's actions")
     args = ap.parse_args()
     from vsim.allocator import make_allocator
     from vsim.engine import simulate
@@ -55,7 +60,11 @@ def main() -> int:
                     try:
                         r = simulate(trace, hw, make_policy(spec), make_allocator(alloc),
                                      int(base * frac))
-                        val = digest(r.report)
+                        if args.no_notes:
+                            val = digest({**r.report, "notes": None,
+                                          "actions": [repr(a) for a in r.plan.actions]})
+                        else:
+                            val = digest(r.report)
                         if not args.no_predicted:
                             from vsim.trace.io import trace_to_json
                             val += ":" + digest(trace_to_json(r.predicted))

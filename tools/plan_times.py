@@ -1,5 +1,6 @@
 """Planning time and outcome of every built-in policy on traces, uncapped and at a capacity that
-binds (a fraction of the uncapped peak reserved), with the caching allocator.
+binds (a fraction of the uncapped peak reserved), with the caching allocator. `plan`: a digest
+of the plan as run (a change that only plans faster leaves it as it was).
 
     python tools/plan_times.py TRACE... [--hw h100-sxm] [--fraction 0.6] [--policy SPEC]...
 """
@@ -7,6 +8,8 @@ binds (a fraction of the uncapped peak reserved), with the caching allocator.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import signal
 import sys
@@ -58,7 +61,9 @@ def main() -> int:
                     plan = pol.plan_with(trace, hw, cap, runner)
                     plan_s = time.process_time() - t0
                     rep = run_plan(trace, hw, plan, alloc, cap).report
-                    out = {"fits": rep["fits"], "iter_ms": round(rep["iteration_time_us"] / 1e3, 3)}
+                    out = {"fits": rep["fits"], "iter_ms": round(rep["iteration_time_us"] / 1e3, 3),
+                           "plan": hashlib.sha256(repr(dataclasses.replace(plan, notes=())).encode()
+                                                  ).hexdigest()[:12]}
                 except Exception as e:  # noqa: BLE001
                     plan_s = time.process_time() - t0
                     out = {"error": f"{type(e).__name__}: {str(e)[:120]}"}

@@ -41,21 +41,25 @@ class FreeIndex:
     """Free blocks of one pool and stream, sorted by (size, addr) for best fit and kept in a
     second list by address for first fit."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_addr: bool = True) -> None:
+        """`by_addr` False: no address order kept (first_fit unavailable): best fit alone
+        (the caching allocator) pays for one sorted list, not two."""
         self.by_size: list[tuple[int, int]] = []
-        self.by_addr: list[int] = []
+        self.by_addr: list[int] | None = [] if by_addr else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, block.key())
-        bisect.insort(self.by_addr, block.addr)
+        bisect.insort(self.by_size, (block.size, block.addr))
+        if self.by_addr is not None:
+            bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
-        i = bisect.bisect_left(self.by_size, block.key())
+        i = bisect.bisect_left(self.by_size, (block.size, block.addr))
         del self.by_size[i]
-        j = bisect.bisect_left(self.by_addr, block.addr)
-        del self.by_addr[j]
+        if self.by_addr is not None:
+            j = bisect.bisect_left(self.by_addr, block.addr)
+            del self.by_addr[j]
         del self.blocks[block.addr]
 
     def best_fit(self, size: int) -> Block | None:
@@ -65,6 +69,7 @@ class FreeIndex:
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
+        assert self.by_addr is not None, "built without the address order"
         for addr in self.by_addr:
             block = self.blocks[addr]
             if block.size >= size:
@@ -81,9 +86,13 @@ class FreeIndex:
 class BlockPool:
     """Segments and their blocks for one (pool, stream); split and merge."""
 
-    def __init__(self) -> None:
-        self.free = FreeIndex()
+    def __init__(self, by_addr: bool = True) -> None:
+        self.free = FreeIndex(by_addr)
         self.segments: list[Segment] = []
+        # Bytes of the segments with no block in use, kept as blocks are taken and given back
+        # (the caching allocator's largest_free_bytes asks for it on every request of a plan
+        # that waits for memory: summing over the segments there was half a profiling run).
+        self.free_segment_bytes = 0
 
     def add_segment(self, addr: int, size: int, pool: str, stream: int) -> Block:
         seg = Segment(addr, size, pool, stream)
@@ -91,6 +100,7 @@ class BlockPool:
         seg.head = block
         self.segments.append(seg)
         self.free.add(block)
+        self.free_segment_bytes += size
         return block
 
     def take(self, block: Block, size: int, split: bool) -> Block:
@@ -105,6 +115,8 @@ class BlockPool:
             block.size = size
             self.free.add(rest)
         block.free = False
+        if block.segment.blocks_in_use == 0:
+            self.free_segment_bytes -= block.segment.size
         block.segment.blocks_in_use += 1
         return block
 
@@ -112,6 +124,8 @@ class BlockPool:
         """Free a block and merge it with free neighbours in its segment."""
         block.free = True
         block.segment.blocks_in_use -= 1
+        if block.segment.blocks_in_use == 0:
+            self.free_segment_bytes += block.segment.size
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
                 self.free.remove(neighbour)
@@ -136,4 +150,5 @@ class BlockPool:
             self.free.remove(seg.head)
             self.segments.remove(seg)
             released += seg.size
+        self.free_segment_bytes -= released
         return released

@@ -65,7 +65,7 @@ class CachingAllocator(Allocator):
     def _pool(self, pool: str, stream: int) -> BlockPool:
         found = self.pools.get((pool, stream))
         if found is None:  # (setdefault would build a BlockPool on every call)
-            found = self.pools[(pool, stream)] = BlockPool()
+            found = self.pools[(pool, stream)] = BlockPool(by_addr=False)  # best fit only
         return found
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
@@ -128,8 +128,13 @@ class CachingAllocator(Allocator):
         return tuple(out)
 
     def largest_free_bytes(self) -> int:
-        cached = max((p.free.largest() for p in self.pools.values()), default=0)
-        releasable = sum(s.size for p in self.pools.values() for s in p.segments if s.is_free())
+        # (one pass: the engine asks on every request of a plan that waits for memory)
+        cached = releasable = 0
+        for p in self.pools.values():
+            by_size = p.free.by_size
+            if by_size and by_size[-1][0] > cached:
+                cached = by_size[-1][0]
+            releasable += p.free_segment_bytes
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 
 

@@ -66,6 +66,25 @@ class EngineOutput:
     notes: list[str] = field(default_factory=list)
 
 
+Steps = dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]]
+Tables = tuple[dict[int, Tensor], dict[int, int], dict[int, Op], Steps]
+_TABLES: dict[int, tuple[Trace, Tables]] = {}
+
+
+def _tables(trace: Trace) -> Tables:
+    """The engine's read-only tables of `trace` (tensors and ops by id, sizes, stream steps),
+    kept for the last few traces (by identity: the entry holds the trace, so the id stays
+    its own)."""
+    got = _TABLES.get(id(trace))
+    if got is None or got[0] is not trace:
+        if len(_TABLES) >= 4:
+            del _TABLES[next(iter(_TABLES))]
+        got = _TABLES[id(trace)] = (trace, (
+            trace.tensor_by_id(), {t.id: t.size_bytes for t in trace.tensors},
+            {op.id: op for op in trace.ops}, Engine._stream_steps(trace)))
+    return got[1]
+
+
 class Engine:
     """One simulation. Build it, call run() once."""
 
@@ -73,13 +92,16 @@ class Engine:
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
-                 host: HostModel | None = None, tracked: bool = False) -> None:
+                 host: HostModel | None = None, tracked: bool = False,
+                 clock: HostClock | None = None) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
         convolution, its workspace-free algorithm, taken when its workspace cannot be had, as
         PyTorch falls back to another cuDNN engine (ops that did: `fell_back`). `host`: the
-        host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone."""
+        host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone.
+        `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
+        issue times are reused), instead of building one from `host`."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -99,10 +121,9 @@ class Engine:
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes,
                                    pinned_limit_bytes=hw.pinned_limit_bytes)
-        self.tensors: dict[int, Tensor] = trace.tensor_by_id()
-        self.size = {t.id: t.size_bytes for t in trace.tensors}
-        self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
-        self.streams = self._stream_steps()
+        # Read-only tables of the trace, built once per trace (a run simulates up to 13
+        # iterations, each with its own Engine)
+        self.tensors, self.size, self.ops, self.streams = _tables(trace)
         # SimPy events only for ops another stream waits for.
         self.done: dict[int, simpy.Event] = {
             d: self.env.event() for steps in self.streams.values() for *_, deps in steps
@@ -115,13 +136,15 @@ class Engine:
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.clock = None if host is None else HostClock(trace, host, tracked, self.index)
+        self.clock = clock.fresh() if clock is not None else \
+            None if host is None else HostClock(trace, host, tracked, self.index)
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
 
     # ------------------------------------------------------------ setup
 
-    def _stream_steps(self) -> dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]]:
+    @staticmethod
+    def _stream_steps(trace: Trace) -> Steps:
         """Per stream, its ops in order, each with what the short path needs, computed once:
         the GPU idle time before it in the recording on its stream (the launch gap), what it
         reads that it does not write itself (a trace may list an op's own output or workspace
@@ -130,7 +153,7 @@ class Engine:
         streams: dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]] = {}
         last_end: dict[int, float] = {}
         stream_of: dict[int, int] = {}
-        for op in self.trace.ops:
+        for op in trace.ops:
             stream_of[op.id] = op.stream
             prev = last_end.get(op.stream, 0.0)
             gap = op.start_us - prev if op.start_us > prev else 0.0
@@ -334,7 +357,7 @@ class Engine:
                 now = env.now
                 for i, t in enumerate(op.writes):
                     if not allocate(t, size[t], now, oid):
-                        if retries and transfers.releasing_memory():
+                        if retries and transfers.releasing_memory("any"):
                             # the allocator waits for blocks freed while a copy ran
                             for t2 in op.writes[i:]:
                                 if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
@@ -402,11 +425,20 @@ class Engine:
 
     def _allocate_outputs(self, op: Op) -> Generator[simpy.Event, Any, bool]:
         retime = self.retime.get(op.id)
+        memory, size, wait = self.memory, self.size, self.plan.wait_for_memory
         for t in op.writes:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
-            if not (yield from self._alloc_waiting(t, op.id, fall_back=True)):
+            # _alloc_waiting's first steps inline (most requests are served at once): no need
+            # to wait for memory, and the allocation succeeds
+            if wait and size[t] > memory.allocator.largest_free_bytes():
+                ok = yield from self._alloc_waiting(t, op.id, fall_back=True)
+            elif memory.allocate(t, size[t], self.env.now, op.id):
+                continue
+            else:
+                ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
+            if not ok:
                 return False
         return True
 
@@ -420,14 +452,23 @@ class Engine:
         while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
-            pending = self.transfers.releasing_memory()
+            pending = self.transfers.releasing_memory("any")
             if not pending:
                 break
             yield self.env.any_of(pending)
-        while not self.memory.allocate(tensor, size, self.env.now, op, state):
-            # PyTorch's allocator, before it gives up, waits for every block freed while its
-            # copy ran (record_stream) and retries (Allocator.retries_after_pending_frees).
-            pending = self.transfers.releasing_memory() \
+        if self.memory.allocate(tensor, size, self.env.now, op, state):
+            return True
+        return (yield from self._after_failed_alloc(tensor, op, state, fall_back))
+
+    def _after_failed_alloc(self, tensor: int, op: int | None, state: Residency,
+                            fall_back: bool) -> Generator[simpy.Event, Any, bool]:
+        """An allocation just failed: PyTorch's allocator, before it gives up, waits for every
+        block freed while its copy ran (record_stream) and retries
+        (Allocator.retries_after_pending_frees); then the workspace fallback, else out of
+        memory."""
+        size = self.size[tensor]
+        while True:
+            pending = self.transfers.releasing_memory("all") \
                 if self.allocator.retries_after_pending_frees else []
             if not pending:
                 if fall_back and self._fall_back(tensor, op):
@@ -435,7 +476,8 @@ class Engine:
                 self._out_of_memory(tensor, op)
                 return False
             yield self.env.all_of(pending)
-        return True
+            if self.memory.allocate(tensor, size, self.env.now, op, state):
+                return True
 
     def _duration(self, op: Op) -> float:
         retime = self.retime.get(op.id)

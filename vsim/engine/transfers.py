@@ -93,16 +93,42 @@ class Transfers:
 
     def in_flight_events(self) -> list[simpy.Event]:
         """Copies not yet finished, both ways (what a Sync waits for)."""
-        return [e for e in [*self._copied_out.values(), *self._prefetched.values()]
-                if not e.triggered]
+        # (_d2h_active: the D2H copies not yet finished, without a scan of every offload)
+        return [*self._d2h_active.values(),
+                *(e for e in self._prefetched.values() if not e.triggered)]
 
-    def releasing_memory(self) -> list[simpy.Event]:
+    def releasing_memory(self, wait: str = "") -> list[simpy.Event]:
         """Device copies that will be given back once their D2H copy ends: only offloads whose
-        release op has ended (the others also wait for an op, maybe the one allocating)."""
+        release op has ended (the others also wait for an op, maybe the one allocating).
+        `wait` "any" or "all": only what a Condition of that kind over them needs (the same
+        step triggers it): of the offloads, the first (any) or the last (all) in issue order,
+        whose copies end in that order (see _d2h_before), with every deferred block."""
         self._returning = [e for e in self._returning if not e.triggered]
-        return [self._released[t] for t, ev in self._copied_out.items()
-                if not self._released[t].triggered and not ev.triggered
-                and self._release_op[t] in self.finished] + self._returning
+        # Those still copying are the D2H copies not yet finished (_d2h_active: a scan of every
+        # offload of the run here was a tenth of a profiling run); a device copy is given back
+        # only once its copy has finished.
+        finished, release_op = self.finished, self._release_op
+        if wait == "any" and not self.plan.pinned_lazy:
+            first = next((t for t in self._d2h_active if release_op[t] in finished), None)
+            return ([] if first is None else [self._released[first]]) + self._returning
+        copies = [self._released[t] for t in self._d2h_active if release_op[t] in finished]
+        if wait == "all" and not self.plan.pinned_lazy:
+            copies = copies[-1:]
+        return copies + self._returning
+
+    def _d2h_before(self) -> list[simpy.Event]:
+        """What waiting for every D2H copy issued so far and not finished amounts to: the last
+        one issued. One D2H engine serves copies in the order they ask for it and each copy's
+        event succeeds in the step its copy ends, so the last one's event is processed last
+        and a Condition over it triggers in the same step as one over all of them (a
+        Condition over hundreds of copies per freed tensor was a sixth of an offloading
+        run). Not so when buffers are pinned per copy first (Plan.pinned_lazy: a copy asks
+        for the engine only after its own pinning time): then all of them."""
+        if not self._d2h_active:
+            return []
+        if self.plan.pinned_lazy:
+            return list(self._d2h_active.values())
+        return [next(reversed(self._d2h_active.values()))]
 
     def leaving(self, tensor: int) -> bool:
         """Being offloaded past its release op: gone for a reader (it leaves when the copy
@@ -139,14 +165,14 @@ class Transfers:
         free_completed, by the offload process)."""
         for t in self._release_at_end.pop(oid, []):
             if self._copied_out[t].triggered:
-                self._free_waits[t] = list(self._d2h_active.values())
+                self._free_waits[t] = self._d2h_before()
                 self._release_offloaded(t, oid)
         for t in self._releasing.pop(oid, []):
             if not self._copied_out[t].triggered \
                     and self.memory.where(t) is OFFLOADING:
                 self.memory.request_free(t, self.env.now, oid)
                 self._requested.add(t)
-                self._free_waits[t] = list(self._d2h_active.values())
+                self._free_waits[t] = self._d2h_before()
 
     # ------------------------------------------------------------ offloads
 
@@ -168,7 +194,8 @@ class Transfers:
             # (memory_allocated drops); the block comes back when the copy ends.
             self.memory.request_free(t, self.env.now, release_after)
             self._requested.add(t)
-            self._free_waits[t] = [*self._d2h_active.values(), self._copied_out[t]]
+            self._free_waits[t] = [self._copied_out[t]] if not self.plan.pinned_lazy else \
+                [*self._d2h_active.values(), self._copied_out[t]]  # (its own copy is the last)
         else:
             self._releasing[release_after].append(t)
         self._d2h_active[t] = self._copied_out[t]
@@ -218,7 +245,9 @@ class Transfers:
         some still run: the block is detached now (free_requested) and given back when they
         end (free_completed); False: nothing to wait for, the caller frees it."""
         self.h2d_used.discard(t)
-        waits = [e for e in self._h2d_active.values() if not e.triggered]
+        # (the last H2D copy issued ends last: one engine, asked in the order they were
+        # issued, each event succeeding as its copy ends; see _d2h_before)
+        waits = [next(reversed(self._h2d_active.values()))] if self._h2d_active else []
         if not waits:
             return False
         self._defer(self.memory.detach(t, self.env.now, op, state), t, op, waits)

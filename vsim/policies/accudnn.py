@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..plan import Plan
 from ..spec import choice
 from ..units import format_size
@@ -45,25 +47,32 @@ class AccUDNN(FittedPolicy):
         view, budget = a.view, a.budget
         ev = a.evictions(blocking=True)
         candidates = [t for t in view.saved if view.tensor[t].kind in ("activation", "input")]
-        ft = {t: free_time_us(ev, t) for t in candidates}
+        # Per candidate, as arrays (each swap weighs every candidate: a loop over them in
+        # Python was most of the planning): its exposed time, its window (blocking swaps wait
+        # for no queue, and no need changes here) and where its copy joins the D2H queue.
+        ids = np.array(candidates, dtype=np.int64)
+        size = np.array([view.tensor[t].size_bytes for t in candidates], dtype=np.int64)
+        exposed = np.array([max(0.0, -free_time_us(ev, t)) for t in candidates])
+        windows = np.array([ev.swap_window(t) for t in candidates], dtype=np.int64)
+        lo, hi = windows.reshape(-1, 2).T
+        open_ = np.ones(len(candidates), dtype=bool)
+        issues = ev.issue_table(candidates)
         hidden, best_cost = 0, 0.0
         while (x := ev.usage.over(budget)) is not None:
-            best: tuple[bool, float, int] | None = None
-            for t in candidates:
-                if t in ev.swaps:
-                    continue
-                lo, hi = ev.swap_window(t)
-                if not lo <= x < hi:
-                    continue
-                cost = max(0.0, -ft[t]) + ev.blocking_us(t, x)
-                hides = cost == 0
-                key = (hides, view.tensor[t].size_bytes if hides else -cost, -t)
-                if best is None or key > best:
-                    best = key
-                    best_cost = cost
-            if best is None:
+            covers = np.flatnonzero(open_ & (lo <= x) & (x < hi))
+            if not len(covers):
                 break
-            ev.add_swap(-best[2])
+            cost = exposed[covers] + ev.blocking_us_many(
+                (issues[0][covers], issues[1][covers], issues[2][covers]), x)
+            hides = np.flatnonzero(cost == 0)
+            if len(hides):  # one that hides, the largest first, then the lowest id
+                j = hides[np.lexsort((ids[covers[hides]], -size[covers[hides]]))[0]]
+            else:  # the least exposed, then the lowest id
+                j = np.lexsort((ids[covers], cost))[0]
+            i = int(covers[j])
+            best_cost = float(cost[j])
+            open_[i] = False
+            ev.add_swap(candidates[i])
             hidden += best_cost == 0
         jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..plan import Plan
 from ..spec import choice
 from ..units import format_size
 from .base import register
 from .fitted import Attempt, FittedPolicy
-from .layers import TraceView
 from .planning import (
-    Evictions,
     alive_in_trace,
     chain_inputs,
     free_time_us,
@@ -60,46 +60,79 @@ class Hybrid(FittedPolicy):
             return max(0.0, -free_time_us(ev, t))
 
         chains = {t: recompute_chain(view, t) for t in cands}
-        inputs: set[int] = set()   # read by planned recomputations: may be swapped, not dropped
         spent = {"swap": 0.0, "recompute": 0.0}  # swap: how many hide; recompute: us
+        # Per candidate, as arrays (each eviction weighs every candidate: a loop over them in
+        # Python was most of the planning), what depends only on its need (ev.need: changed
+        # below only for the inputs of a planned recomputation, refreshed then): its swap window
+        # (blocking: behind no queue), swap cost, drop window, and whether its recomputation
+        # reads only what the trace holds then, in the state it read (planning.stale_inputs).
+        n = len(cands)
+        where = {t: i for i, t in enumerate(cands)}
+        ids = np.array(cands, dtype=np.int64)
+        size = np.array([view.tensor[t].size_bytes for t in cands], dtype=np.int64)
+        per_byte = np.maximum(size, 1)
+        lo, hi, dlo, dhi = (np.zeros(n, dtype=np.int64) for _ in range(4))
+        swap_us, chain_us = np.zeros(n), np.zeros(n)
+        held = np.zeros(n, dtype=bool)
+        ins = [chain_inputs(view, chains[t]) for t in cands]
+        read_by: dict[int, list[int]] = {}  # tensor -> candidates whose recomputation reads it
+        for i, got in enumerate(ins):
+            for u in got:
+                read_by.setdefault(u, []).append(i)
+
+        def refresh(i: int) -> None:
+            t = cands[i]
+            lo[i], hi[i] = ev.swap_window(t)
+            dlo[i], dhi[i] = ev.drop_window(t)
+            swap_us[i] = swap_cost(t)
+            chain = chains[t]
+            held[i] = bool(chain) and not stale_inputs(view, chain) \
+                and all(alive_in_trace(view, u, int(dhi[i])) for u in ins[i])
+            chain_us[i] = sum(view.op[o].dur_us for o in chain)
+
+        for i in range(n):
+            refresh(i)
+        # dynamic: not yet evicted; not read by a planned recomputation (may be swapped, not
+        # dropped); reads nothing dropped (swapped inputs come back for a recomputation)
+        open_, free_of_plans, reads_no_drop = (np.ones(n, dtype=bool) for _ in range(3))
+        issues = ev.issue_table(cands)
         while (x := ev.usage.over(budget)) is not None:
-            best: tuple[float, int, int, str] | None = None
-            for t in cands:
-                if t in ev.swaps or t in ev.drops:
-                    continue
-                size = view.tensor[t].size_bytes
-                options = []
-                lo, hi = ev.swap_window(t)
-                if lo <= x < hi:
-                    options.append((swap_cost(t) + ev.blocking_us(t, x), "swap"))
-                lo, hi = ev.drop_window(t)
-                if lo <= x < hi and t not in inputs \
-                        and self._recomputable(view, ev, chains[t], hi):
-                    options.append((sum(view.op[o].dur_us for o in chains[t]), "recompute"))
-                for cost, how in options:
-                    key = (cost / max(size, 1), -size, t, how)
-                    if best is None or key < best:
-                        best = key
-            if best is None:
+            sw = np.flatnonzero(open_ & (lo <= x) & (x < hi))
+            rc = np.flatnonzero(open_ & (dlo <= x) & (x < dhi) & free_of_plans & held
+                                & reads_no_drop)
+            if not len(sw) and not len(rc):
                 break
-            cost_per_byte, _, t, how = best
+            table = (issues[0][sw], issues[1][sw], issues[2][sw])
+            cost = np.concatenate([swap_us[sw] + ev.blocking_us_many(table, x), chain_us[rc]])
+            which = np.concatenate([sw, rc])
+            ratio = cost / per_byte[which]
+            recompute = np.concatenate([np.zeros(len(sw), dtype=bool),
+                                        np.ones(len(rc), dtype=bool)])
+            # the least cost per byte saved; then the largest, the lowest id, recompute first
+            j = np.lexsort((~recompute, ids[which], -size[which], ratio))[0]
+            i, cost_per_byte = int(which[j]), float(ratio[j])
+            t = cands[i]
+            how = "recompute" if recompute[j] else "swap"
             spent[how] += (cost_per_byte == 0) if how == "swap" \
                 else cost_per_byte * view.tensor[t].size_bytes
+            open_[i] = False
             if how == "swap":
                 ev.add_swap(t)
                 continue
             # What the recomputation reads must be back by then: a swapped input's next need
             # becomes the recomputation (Capuchin's recompute-after-swap).
             before = ev.need(t)
-            for i in chain_inputs(view, chains[t]):
-                inputs.add(i)
-                if view.tensor[i].kind not in ("activation", "input"):
+            for u in chain_inputs(view, chains[t]):
+                if u in where:
+                    free_of_plans[where[u]] = False
+                if view.tensor[u].kind not in ("activation", "input"):
                     continue
-                if i not in ev.needs or view.pos[before] < view.pos[ev.needs[i]]:
-                    ev.needs[i] = before
-                if i in ev.swaps:
-                    ev.add_swap(i, update=False)
+                if u not in ev.needs or view.pos[before] < view.pos[ev.needs[u]]:
+                    ev.move_need(u, before)  # a swapped input comes back by then
+                    if u in where:
+                        refresh(where[u])
             ev.add_drop(t, chains[t])
+            reads_no_drop[read_by.get(t, [])] = False
         jit = jit_prefetch_slots(view, tl, ev.swaps.values())
         ev.place_prefetches(lambda s: jit[s.tensor])
         notes = [f"hybrid: {len(ev.swaps)} swapped ({spent['swap']:.0f} expected to hide "
@@ -109,13 +142,3 @@ class Hybrid(FittedPolicy):
                          f"{view.ops[x // 2].id}: nothing left to evict there")
         return Plan(actions=(*ev.actions(), *a.retimes), notes=(*notes, *a.retime_notes),
                     wait_for_memory=True)
-
-    @staticmethod
-    def _recomputable(view: TraceView, ev: Evictions, chain: tuple[int, ...],
-                      need_slot: int) -> bool:
-        """The recomputation reads only what the trace still holds then, in the state it read
-        (planning.stale_inputs), and nothing dropped (swapped inputs come back for it)."""
-        if not chain or stale_inputs(view, chain):
-            return False
-        return all(alive_in_trace(view, i, need_slot) and i not in ev.drops
-                   for i in chain_inputs(view, chain))

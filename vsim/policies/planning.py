@@ -290,20 +290,26 @@ def chain_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
     return {t for o in ops for t in o.reads if t not in written}
 
 
-def stale_inputs(view: TraceView, chain: Iterable[int]) -> set[int]:
+def stale_inputs(view: TraceView, chain: Iterable[int],
+                 inputs: set[int] | None = None) -> set[int]:
     """Inputs of the chain that a forward op updates in place at or after a chain op that reads
     them: by the recomputation the device holds a later state than the one the chain read (a
     chain that starts at an in-place SiLU and keeps the batch norm's output, which holds SiLU's
     result by then). The runtime refuses such a chain (ExecutorError); a plan must not hold
-    one."""
+    one. `inputs`: chain_inputs(view, chain), if the caller has it."""
     chain = list(chain)
+    # only inputs that some op updates in place can be stale (most have none: the DP asks this
+    # for thousands of segments)
+    updated = [t for t in (chain_inputs(view, chain) if inputs is None else inputs)
+               if view.updates(t)]
+    if not updated:
+        return set()
     pos = view.pos
     first: dict[int, int] = {}
     for o in chain:
         for t in view.op[o].reads:
             first[t] = min(first.get(t, pos[o]), pos[o])
-    return {t for t in chain_inputs(view, chain)
-            if any(pos[u] >= first[t] for u in view.updates(t))}
+    return {t for t in updated if any(pos[u] >= first[t] for u in view.updates(t))}
 
 
 def inseparable(view: TraceView) -> frozenset[int]:
@@ -385,6 +391,9 @@ class Evictions:
         self.swaps: dict[int, Swap] = {}
         self.drops: dict[int, tuple[int, tuple[int, ...]]] = {}  # t -> (drop_after, chain)
         self.needs: dict[int, int] = {}  # t -> op, when something reads it before its bwd reader
+        self._issues: dict[int, tuple[tuple[int, bool, int], float, float]] = {}
+        self._key_base = max((t.id for t in view.trace.tensors), default=0) + 1
+        self._queue_np: tuple[np.ndarray, np.ndarray] | None = None  # the queue, as arrays
         self.usage = self.profile()
 
     def need(self, t: int) -> int:
@@ -436,8 +445,54 @@ class Evictions:
     def blocking_us(self, t: int, slot: int) -> float:
         """How long an op at `slot` would wait for the swap of `t` to leave (0 if it is gone
         by then, by the trace's clock)."""
-        s = self.trial_swap(t)
-        return max(0.0, s.copy_done_us - self.view.time_at(self.view.ops[slot // 2].id))
+        # trial_swap's copy end without building the swap: where the copy is issued does not
+        # depend on the need (planners ask this per candidate per eviction)
+        view = self.view
+        key, issue, d2h = self._issue(t)
+        i = bisect.bisect_left(self._queue_keys, key)
+        copy_done = max(issue, self._queue_ends[i - 1] if i else 0.0) + d2h
+        return max(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
+
+    def issue_table(self, tensors: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per tensor, where its swap's copy would join the D2H queue (its queue key, encoded as
+        one integer in the same order), when it is issued and how long it takes (us): what
+        blocking_us_many needs, computed once for a planner's candidates."""
+        enc, issue, d2h = [], [], []
+        for t in tensors:
+            key, at, dur = self._issue(t)
+            enc.append(self._encode(key))
+            issue.append(at)
+            d2h.append(dur)
+        return (np.array(enc, dtype=np.int64), np.array(issue, dtype=np.float64),
+                np.array(d2h, dtype=np.float64))
+
+    def blocking_us_many(self, table: tuple[np.ndarray, np.ndarray, np.ndarray],
+                         slot: int) -> np.ndarray:
+        """blocking_us for each tensor of an issue_table (rows of it), at `slot`: the same
+        values, for all candidates at once."""
+        enc, issue, d2h = table
+        if self._queue_np is None:
+            self._queue_np = (np.array(self._queue_enc, dtype=np.int64),
+                              np.array([0.0, *self._queue_ends], dtype=np.float64))
+        keys, ends = self._queue_np
+        before = ends[np.searchsorted(keys, enc, side="left")]  # ends[0]: nothing before
+        copy_done = np.maximum(issue, before) + d2h
+        view = self.view
+        return np.maximum(0.0, copy_done - view.time_at(view.ops[slot // 2].id))
+
+    def _encode(self, key: tuple[int, bool, int]) -> int:
+        """A D2H queue key (op position, after, tensor) as one integer of the same order."""
+        pos, after, t = key
+        return (2 * pos + after) * self._key_base + t
+
+    def _issue(self, t: int) -> tuple[tuple[int, bool, int], float, float]:
+        got = self._issues.get(t)
+        if got is None:
+            view = self.view
+            last = self.last_fwd_use(t)
+            got = self._issues[t] = ((view.pos[last], True, t), view.end_time(last),
+                                     self.timeline.d2h_us(view.tensor[t].size_bytes))
+        return got
 
     def drop_window(self, t: int) -> tuple[int, int]:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
@@ -446,6 +501,7 @@ class Evictions:
         new = t not in self.swaps
         s = self.swaps[t] = swap or self.swap(t)
         if not update:
+            self._stale = True  # until refresh()
             return
         if not (new and self.blocking and s.prefetch_op is None):
             self.usage = self.profile()
@@ -457,6 +513,7 @@ class Evictions:
         key = (view.pos[s.offload_op], s.after, s.tensor)
         i = bisect.bisect_left(self._queue_keys, key)
         self._queue_keys.insert(i, key)
+        self._queue_enc.insert(i, self._encode(key))
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
         free_at = self._queue_ends[i - 1] if i else 0.0
@@ -465,10 +522,43 @@ class Evictions:
             issue = view.end_time(q.offload_op) if q.after else view.time_at(q.offload_op)
             free_at = max(issue, free_at) + self.timeline.d2h_us(view.tensor[q.tensor].size_bytes)
             self._queue_ends[j] = q.copy_done_us = free_at
+        if self._queue_np is not None:  # the arrays likewise, from i on (not rebuilt whole)
+            keys, ends = self._queue_np
+            self._queue_np = (np.insert(keys, i, self._queue_enc[i]), np.concatenate(
+                [ends[:i + 1], np.array(self._queue_ends[i:], dtype=np.float64)]))
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
-        self.drops[t] = (self.last_fwd_use(t), chain)
-        self.usage = self.profile()
+        after = self.last_fwd_use(t)
+        self.drops[t] = (after, chain)
+        if self.blocking and not self._stale:
+            # Blocking: nothing else's window moves (profile() would give the same bytes; a
+            # rebuild per drop was most of hybrid's planning on ResNet-1001)
+            view = self.view
+            self.usage.remove(view.tensor[t].size_bytes, view.end(after),
+                              view.before(self.need(t)))
+        else:
+            self.usage = self.profile()
+
+    def move_need(self, t: int, op: int) -> None:
+        """`t` is read again at `op`, before it would be otherwise (a planned recomputation
+        reads it): its need moves there, and a swap of it comes back by then. Blocking, with
+        its prefetch not yet placed: the profile and the D2H queue are updated in place (the
+        copy out does not move; the window off the device ends earlier)."""
+        self.needs[t] = op
+        old = self.swaps.get(t)
+        if old is None:
+            return
+        new = self.swaps[t] = self.swap(t)
+        if not (self.blocking and not self._stale and old.prefetch_op is None):
+            self.usage = self.profile()
+            return
+        view = self.view
+        size = view.tensor[t].size_bytes
+        self.usage.add(size, self.gone_from(old), view.start(old.need_op))
+        self.usage.remove(size, self.gone_from(new), view.start(new.need_op))
+        new.copy_done_us, new.release_slot = old.copy_done_us, old.release_slot
+        i = bisect.bisect_left(self._queue_keys, (view.pos[new.offload_op], new.after, t))
+        self._queue_swaps[i] = new
 
     def refresh(self) -> None:
         """Recompute `usage` from the base profile and every swap and drop chosen (after
@@ -486,6 +576,9 @@ class Evictions:
         self._queue_keys = [(view.pos[s.offload_op], s.after, s.tensor) for s in queue]
         self._queue_ends = [s.copy_done_us for s in queue]
         self._queue_swaps = queue
+        self._queue_enc = [self._encode(k) for k in self._queue_keys]
+        self._queue_np = None
+        self._stale = False
         for s in self.swaps.values():
             size = self.view.tensor[s.tensor].size_bytes
             u.remove(size, self.gone_from(s), self.view.start(s.need_op))

@@ -229,8 +229,9 @@ class Segmenter:
         slot = view.before(before)
         ops = [o for i in range(lo, hi + 1) for o in view.fwd[i].ops]
         chain = rebuild_chain(view, ops, dropped, slot)
-        valid = not planning.stale_inputs(view, chain) and all(
-            alive_in_trace(view, t, slot) and t not in drop_set for t in chain_inputs(view, chain))
+        inputs = chain_inputs(view, chain)
+        valid = all(alive_in_trace(view, t, slot) and t not in drop_set for t in inputs) \
+            and not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
         transient = frozenset(t for o in chain for t in view.op[o].writes
                               if t not in drop_set and not alive_in_trace(view, t, slot))
