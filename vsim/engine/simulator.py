@@ -34,6 +34,7 @@ from .memory import (
     OutOfMemory,
     Residency,
 )
+from .prep import Step, trace_prep
 from .transfers import D2H_STREAM, H2D_STREAM, Transfers
 
 __all__ = ["D2H_STREAM", "H2D_STREAM", "Engine", "EngineOutput", "ExecutedOp", "PlanError"]
@@ -99,14 +100,15 @@ class Engine:
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes,
                                    pinned_limit_bytes=hw.pinned_limit_bytes)
-        self.tensors: dict[int, Tensor] = trace.tensor_by_id()
-        self.size = {t.id: t.size_bytes for t in trace.tensors}
-        self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
-        self.streams = self._stream_steps()
+        prep = trace_prep(trace)  # read only, shared by every run on the trace
+        self.prep = prep
+        self.tensors: dict[int, Tensor] = prep.tensors
+        self.size = prep.size
+        self.ops: dict[int, Op] = prep.ops
+        self.streams = prep.streams
         # SimPy events only for ops another stream waits for.
-        self.done: dict[int, simpy.Event] = {
-            d: self.env.event() for steps in self.streams.values() for *_, deps in steps
-            for d in deps}
+        event = self.env.event
+        self.done: dict[int, simpy.Event] = {d: event() for d in prep.waited}
         self.completed: set[int] = set()              # ops past their end and any sync
         self.finished: set[int] = set()               # ops that have ended
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
@@ -120,28 +122,6 @@ class Engine:
         allocator.driver_calls.clear()  # a previous iteration's were charged there
 
     # ------------------------------------------------------------ setup
-
-    def _stream_steps(self) -> dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]]:
-        """Per stream, its ops in order, each with what the short path needs, computed once:
-        the GPU idle time before it in the recording on its stream (the launch gap), what it
-        reads that it does not write itself (a trace may list an op's own output or workspace
-        among its reads), and its deps on other streams (a dep on its own stream has ended
-        before it: a stream runs its ops in order)."""
-        streams: dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]] = {}
-        last_end: dict[int, float] = {}
-        stream_of: dict[int, int] = {}
-        for op in self.trace.ops:
-            stream_of[op.id] = op.stream
-            prev = last_end.get(op.stream, 0.0)
-            gap = op.start_us - prev if op.start_us > prev else 0.0
-            end = op.start_us + op.dur_us
-            last_end[op.stream] = end if end > prev else prev
-            reads = op.reads
-            if op.writes and not set(op.writes).isdisjoint(reads):
-                reads = tuple(t for t in reads if t not in op.writes)
-            deps = tuple(d for d in op.deps if stream_of[d] != op.stream) if op.deps else ()
-            streams.setdefault(op.stream, []).append((op, gap, reads, deps))
-        return streams
 
     def run(self) -> EngineOutput:
         pool = self.plan.pinned_pool_bytes
@@ -191,19 +171,19 @@ class Engine:
     def _allocate_resident(self) -> bool:
         """Weights, optimizer state, inputs: on the GPU before the first op (unless created at
         first use, or already there from a previous iteration)."""
-        for t in self.trace.tensors:
-            if t.producer is None and t.id not in self.awaiting:
-                block = self.resident_blocks.get(t.id)
+        for t in self.prep.resident:
+            if t not in self.awaiting:
+                block = self.resident_blocks.get(t)
                 if block is not None:
-                    self.memory.adopt(t.id, block, self.env.now)
-                elif not self._alloc(t.id, None):
+                    self.memory.adopt(t, block, self.env.now)
+                elif not self._alloc(t, None):
                     return False
         return True
 
     def resident_left(self) -> dict[int, object]:
         """After run(): give back every block but the resident tensors'; their blocks (tensor
         -> block), for the next iteration to adopt."""
-        resident = {t.id for t in self.trace.tensors if t.producer is None}
+        resident = set(self.prep.resident)
         kept = {}
         for t, block in list(self.memory.blocks.items()):
             if t in resident:
@@ -267,12 +247,12 @@ class Engine:
 
     # ------------------------------------------------------------ compute streams
 
-    def _stream(self, steps: list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]
-                ) -> Generator[simpy.Event, Any, None]:
+    def _stream(self, steps: list[Step]) -> Generator[simpy.Event, Any, None]:
         """Run a stream's ops in order. The common case (no action of the plan on the op, no
         copy or other stream to wait for, everything it reads on the GPU) stays on a short path:
         it is most ops of most runs, and the engine's speed is the speed of this loop."""
         env, index, state, transfers = self.env, self.index, self.memory.state, self.transfers
+        queue = env._queue  # noqa: SLF001  (SimPy's event heap: (time, priority, id, event))
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
         wait_for_memory = self.plan.wait_for_memory
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
@@ -286,8 +266,18 @@ class Engine:
                 issued = clock.ready_us(oid)  # the GPU waits for the host to issue it
                 self.host_wait_us += issued - (ready if ready > env.now else env.now)
                 ready = issued
-            if ready > env.now:
-                yield env.timeout(ready - env.now)
+            now = env._now  # noqa: SLF001
+            if ready > now:
+                # Fast-forward: a timeout that would be the next event processed (the queue
+                # holds nothing until its time) is skipped and the clock set as processing it
+                # would set it (SimPy: now + delay); this process is always resumed by an event
+                # it alone waits for, so no other callback runs between. Half the SimPy
+                # events of a run with one busy stream.
+                then = now + (ready - now)
+                if queue and queue[0][0] <= then:
+                    yield env.timeout(ready - now)
+                else:
+                    env._now = then  # noqa: SLF001
             if awaiting and not self._create_at_first_use(op):
                 return
             # Whether the plan hangs anything on the op (a workspace fallback below adds one)
@@ -351,9 +341,13 @@ class Engine:
                 yield from self._driver_calls(oid)
                 stall += env.now - churn_start
             dur = self._duration(op) if acted or transfers.in_flight else op.dur_us
-            start = env.now
+            start = env._now  # noqa: SLF001
             if dur > 0:
-                yield env.timeout(dur)
+                then = start + dur  # fast-forward, as above
+                if queue and queue[0][0] <= then:
+                    yield env.timeout(dur)
+                else:
+                    env._now = then  # noqa: SLF001
             executed = ExecutedOp(op, start, dur, stall)
             if acted and oid in retime and retime[oid].workspace_bytes == 0:
                 executed.without_workspace = True
