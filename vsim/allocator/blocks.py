@@ -11,7 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     addr: int
     size: int
@@ -24,7 +24,7 @@ class Block:
         return (self.size, self.addr)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
     addr: int
     size: int
@@ -32,30 +32,34 @@ class Segment:
     stream: int
     blocks_in_use: int = 0
     head: Block | None = field(default=None, repr=False)
+    owner: BlockPool | None = field(default=None, repr=False)  # the pool it belongs to
 
     def is_free(self) -> bool:
         return self.blocks_in_use == 0
 
 
 class FreeIndex:
-    """Free blocks of one pool and stream, sorted by (size, addr) for best fit and kept in a
-    second list by address for first fit."""
+    """Free blocks of one pool and stream, sorted by (size, addr) for best fit and, when
+    `by_address` (a first-fit allocator), kept in a second list by address for first fit (the
+    caching allocator's pools skip that list: two bisections per block in the engine's
+    hottest path)."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_address: bool = False) -> None:
         self.by_size: list[tuple[int, int]] = []
-        self.by_addr: list[int] = []
+        self.by_addr: list[int] | None = [] if by_address else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, block.key())
-        bisect.insort(self.by_addr, block.addr)
+        bisect.insort(self.by_size, (block.size, block.addr))
+        if self.by_addr is not None:
+            bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
-        i = bisect.bisect_left(self.by_size, block.key())
-        del self.by_size[i]
-        j = bisect.bisect_left(self.by_addr, block.addr)
-        del self.by_addr[j]
+        by_size = self.by_size
+        del by_size[bisect.bisect_left(by_size, (block.size, block.addr))]
+        if self.by_addr is not None:
+            del self.by_addr[bisect.bisect_left(self.by_addr, block.addr)]
         del self.blocks[block.addr]
 
     def best_fit(self, size: int) -> Block | None:
@@ -65,6 +69,8 @@ class FreeIndex:
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
+        if self.by_addr is None:
+            raise ValueError("first_fit on a FreeIndex made without by_address")
         for addr in self.by_addr:
             block = self.blocks[addr]
             if block.size >= size:
@@ -81,29 +87,31 @@ class FreeIndex:
 class BlockPool:
     """Segments and their blocks for one (pool, stream); split and merge."""
 
-    def __init__(self) -> None:
-        self.free = FreeIndex()
+    def __init__(self, by_address: bool = False) -> None:
+        self.free = FreeIndex(by_address)
         self.segments: list[Segment] = []
 
     def add_segment(self, addr: int, size: int, pool: str, stream: int) -> Block:
         seg = Segment(addr, size, pool, stream)
         block = Block(addr, size, seg)
         seg.head = block
+        seg.owner = self
         self.segments.append(seg)
         self.free.add(block)
         return block
 
     def take(self, block: Block, size: int, split: bool) -> Block:
         """Mark `block` used; if `split`, its tail beyond `size` becomes a new free block."""
-        self.free.remove(block)
+        free = self.free
+        free.remove(block)
         if split and block.size > size:
-            rest = Block(block.addr + size, block.size - size, block.segment, True, block,
-                         block.next)
-            if block.next is not None:
-                block.next.prev = rest
+            after = block.next
+            rest = Block(block.addr + size, block.size - size, block.segment, True, block, after)
+            if after is not None:
+                after.prev = rest
             block.next = rest
             block.size = size
-            self.free.add(rest)
+            free.add(rest)
         block.free = False
         block.segment.blocks_in_use += 1
         return block

@@ -77,6 +77,10 @@ class DeviceMemory:
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self._reserved_seen = 0
+        # The allocator's methods bound once: allocate and release run per tensor.
+        self._malloc, self._free = allocator.malloc, allocator.free
+        self._addr, self._size = allocator.block_addr, allocator.block_size
+        self._segments = allocator.has_segments
 
     def where(self, tensor: int) -> Residency:
         return self.state.get(tensor, UNBORN)
@@ -87,15 +91,14 @@ class DeviceMemory:
 
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
                  state: Residency = DEVICE) -> bool:
-        a = self.allocator
-        block = a.malloc(size_bytes)
+        block = self._malloc(size_bytes)
         if block is None:
             return False
         self.blocks[tensor] = block
         self.state[tensor] = state
-        if a.has_segments:
+        if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
-        self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, op))
+        self.events.append(("alloc", now, self._addr(block), self._size(block), 0, tensor, op))
         return True
 
     def adopt(self, tensor: int, block: object, now: float) -> None:
@@ -131,12 +134,11 @@ class DeviceMemory:
 
     def give_back(self, block: object, tensor: int, now: float, op: int | None) -> None:
         """A detached block returns to the allocator (free_completed)."""
-        a = self.allocator
-        size = a.block_size(block)
-        addr = a.block_addr(block)
-        a.free(block)
+        size = self._size(block)
+        addr = self._addr(block)
+        self._free(block)
         self.events.append(("free_completed", now, addr, size, 0, tensor, op))
-        if a.has_segments:
+        if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
 
     def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:

@@ -91,7 +91,9 @@ class StreamOrder:
             return (f"tensor {tensor} is produced by op {producer} on stream "
                     f"{self.where[producer][0]} and used on stream {op.stream} with no "
                     f"dependency on it (list op {producer} in deps)")
-        readers = self.readers.setdefault(tensor, {})
+        readers = self.readers.get(tensor)
+        if readers is None:  # (setdefault would build a dict on every call)
+            readers = self.readers[tensor] = {}
         if frees:
             for stream, reader in sorted(readers.items()):
                 if stream != op.stream and not self._before(reader, op):
