@@ -20,7 +20,6 @@ from typing import Any
 from .. import metrics
 from ..allocator import make_allocator
 from ..allocator.base import Allocator, AllocatorSpec
-from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..host import HostModel, load_host_model
@@ -30,6 +29,7 @@ from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import floor
 from .hostclock import HostClock
+from .prep import trace_prep
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
 __all__ = ["PlanError", "SimResult", "planning_runner", "run_plan", "simulate"]
@@ -274,7 +274,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
     the engine that ran it."""
     resident = None
     if first_iteration:
-        first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
+        first = Engine(trace, hw, plan, memory, first_use=trace_prep(trace).first_use(),
                        fallback=fallback, host=host, tracked=tracked)
         out = first.run()
         if out.oom is not None:
@@ -283,7 +283,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             return out, first
         resident = first.resident_left()
         plan = _with_fallbacks(plan, first.fell_back, fallback)
-        del first, out  # not reported: its log goes before the next iteration builds its own
+        first.discard()  # not reported: its log goes before the next iteration builds its own
+        del first, out
         gc.collect(0)  # (the engine is in reference cycles, and run_plan pauses the collector)
     # Steady iterations until the allocator starts one as it started the one before (the two
     # are then equal, and so would every later one be), at most as many as a measured run
@@ -303,7 +304,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             break
         layout, resident = now, resident_next
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
-        del out, engine  # likewise
+        engine.discard()  # likewise
+        del out, engine
         gc.collect(0)
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
@@ -339,16 +341,17 @@ def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
     building that trace (tests/test_engine_metrics.py holds the two equal). Sums run in the
     predicted trace's op order so that they agree to the last bit."""
     executed = _in_start_order(out)
-    curve = engine_curve(out)
     end = out.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
+    peak_allocated, peak_reserved, avg_allocated = metrics.curve_figures(
+        out.memory.events, out.memory.allocator.has_segments, end)
     return {
         "iteration_time_us": end,
         "compute_time_us": sum(e.dur_us for e in executed),
         "stall_time_us": sum(e.stall_us for e in executed),
         "recompute_time_us": sum(e.dur_us for e in executed if e.recompute_of is not None),
-        "peak_allocated_bytes": max((a for _, a, _ in curve), default=0),
-        "peak_reserved_bytes": max((r for _, _, r in curve), default=0),
-        "avg_allocated_bytes": metrics.time_weighted_allocated(curve, end),
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "avg_allocated_bytes": avg_allocated,
         "h2d_bytes": sum(c.size_bytes for c in out.copies if c.direction == "h2d"),
         "d2h_bytes": sum(c.size_bytes for c in out.copies if c.direction == "d2h"),
     }
