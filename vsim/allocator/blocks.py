@@ -20,9 +20,6 @@ class Block:
     prev: Block | None = None
     next: Block | None = None
 
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.addr)
-
 
 @dataclass(eq=False, slots=True)
 class Segment:
@@ -38,6 +35,13 @@ class Segment:
         return self.blocks_in_use == 0
 
 
+# A free block's sort key: (size, addr) packed into one int, size << 64 | addr, which orders as
+# the tuple does for addresses below 2^64 (BlockPool.add_segment checks): comparing ints is
+# cheaper than comparing tuples, and the engine adds and removes two free blocks per tensor.
+_ADDR_BITS = 64
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
+
+
 class FreeIndex:
     """Free blocks of one pool and stream, sorted by (size, addr) for best fit and, when
     `by_address` (a first-fit allocator), kept in a second list by address for first fit (the
@@ -45,27 +49,28 @@ class FreeIndex:
     hottest path)."""
 
     def __init__(self, by_address: bool = False) -> None:
-        self.by_size: list[tuple[int, int]] = []
+        self.by_size: list[int] = []  # size << 64 | addr, ascending
         self.by_addr: list[int] | None = [] if by_address else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, (block.size, block.addr))
+        bisect.insort(self.by_size, block.size << _ADDR_BITS | block.addr)
         if self.by_addr is not None:
             bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
         by_size = self.by_size
-        del by_size[bisect.bisect_left(by_size, (block.size, block.addr))]
+        del by_size[bisect.bisect_left(by_size, block.size << _ADDR_BITS | block.addr)]
         if self.by_addr is not None:
             del self.by_addr[bisect.bisect_left(self.by_addr, block.addr)]
         del self.blocks[block.addr]
 
     def best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least `size` bytes (lowest address on ties)."""
-        i = bisect.bisect_left(self.by_size, (size, -1))
-        return self.blocks[self.by_size[i][1]] if i < len(self.by_size) else None
+        by_size = self.by_size
+        i = bisect.bisect_left(by_size, size << _ADDR_BITS)
+        return self.blocks[by_size[i] & _ADDR_MASK] if i < len(by_size) else None
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
@@ -78,7 +83,7 @@ class FreeIndex:
         return None
 
     def largest(self) -> int:
-        return self.by_size[-1][0] if self.by_size else 0
+        return self.by_size[-1] >> _ADDR_BITS if self.by_size else 0
 
     def __len__(self) -> int:
         return len(self.by_size)
@@ -92,6 +97,8 @@ class BlockPool:
         self.segments: list[Segment] = []
 
     def add_segment(self, addr: int, size: int, pool: str, stream: int) -> Block:
+        if addr < 0 or addr + size > 1 << _ADDR_BITS:
+            raise ValueError(f"segment at {addr:#x} of {size} B is outside 64-bit addresses")
         seg = Segment(addr, size, pool, stream)
         block = Block(addr, size, seg)
         seg.head = block
@@ -116,11 +123,62 @@ class BlockPool:
         block.segment.blocks_in_use += 1
         return block
 
+    def take_best(self, size: int, split_from: int) -> Block | None:
+        """`take` of the best-fitting free block for `size` bytes (FreeIndex.best_fit), split
+        when at least `split_from` (> 0) bytes would remain; None when no free block fits.
+        One bisection instead of best_fit's and take's (the caching allocator's every
+        request)."""
+        free = self.free
+        if free.by_addr is not None:
+            found = free.best_fit(size)
+            if found is not None:
+                self.take(found, size, found.size - size >= split_from)
+            return found
+        by_size = free.by_size
+        i = bisect.bisect_left(by_size, size << _ADDR_BITS)
+        if i == len(by_size):
+            return None
+        block = free.blocks.pop(by_size.pop(i) & _ADDR_MASK)
+        rest_size = block.size - size
+        if rest_size >= split_from:
+            after = block.next
+            rest = Block(block.addr + size, rest_size, block.segment, True, block, after)
+            if after is not None:
+                after.prev = rest
+            block.next = rest
+            block.size = size
+            bisect.insort(by_size, rest_size << _ADDR_BITS | rest.addr)
+            free.blocks[rest.addr] = rest
+        block.free = False
+        block.segment.blocks_in_use += 1
+        return block
+
     def give_back(self, block: Block) -> None:
         """Free a block and merge it with free neighbours in its segment."""
         block.free = True
         block.segment.blocks_in_use -= 1
-        for neighbour in (block.prev, block.next):
+        prev, after = block.prev, block.next
+        if self.free.by_addr is None:  # the loop below with FreeIndex's steps written out
+            by_size, blocks = self.free.by_size, self.free.blocks
+            if prev is not None and prev.free:
+                del by_size[bisect.bisect_left(by_size, prev.size << _ADDR_BITS | prev.addr)]
+                del blocks[prev.addr]
+                prev.size += block.size
+                prev.next = after
+                if after is not None:
+                    after.prev = prev
+                block = prev
+            if after is not None and after.free:
+                del by_size[bisect.bisect_left(by_size, after.size << _ADDR_BITS | after.addr)]
+                del blocks[after.addr]
+                block.size += after.size
+                block.next = after.next
+                if after.next is not None:
+                    after.next.prev = block
+            bisect.insort(by_size, block.size << _ADDR_BITS | block.addr)
+            blocks[block.addr] = block
+            return
+        for neighbour in (prev, after):
             if neighbour is not None and neighbour.free:
                 self.free.remove(neighbour)
                 if neighbour is block.prev:

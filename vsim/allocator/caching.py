@@ -76,26 +76,30 @@ class CachingAllocator(Allocator):
         pool = self.pools.get((kind, stream))
         if pool is None:
             pool = self._pool(kind, stream)
-        block = pool.free.best_fit(size)
-        if block is None:
-            grow = segment_size(size)
+        # a cached block: split when the rest is at least 512 B (small) or above 1 MiB (large)
+        found = pool.take_best(size, MIN_BLOCK if kind == "small" else SMALL_SIZE + 1)
+        if found is not None:
+            self.allocated_bytes += found.size
+            return found
+        # no cached block fits: a new segment
+        grow = segment_size(size)
+        if self.reserved_bytes + grow > self.capacity_bytes:
+            self.capacity_hits += 1
+            # release_cached_blocks: synchronize the device, cudaFree every free segment
+            self.driver_calls.append(("sync", 0))
+            self.driver_calls += [("free", s.size) for p in self.pools.values()
+                                  for s in p.segments if s.is_free()]
+            self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
             if self.reserved_bytes + grow > self.capacity_bytes:
-                self.capacity_hits += 1
-                # release_cached_blocks: synchronize the device, cudaFree every free segment
-                self.driver_calls.append(("sync", 0))
-                self.driver_calls += [("free", s.size) for p in self.pools.values()
-                                      for s in p.segments if s.is_free()]
-                self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
-                if self.reserved_bytes + grow > self.capacity_bytes:
-                    return None
-            addr = next(self.segment_addresses, None)
-            if addr is None:
-                addr = self.next_addr
-                self.next_addr += grow
-            block = pool.add_segment(addr, grow, kind, stream)
-            self.reserved_bytes += grow
-            self.segment_allocs += 1
-            self.driver_calls.append(("malloc", grow))
+                return None
+        addr = next(self.segment_addresses, None)
+        if addr is None:
+            addr = self.next_addr
+            self.next_addr += grow
+        block = pool.add_segment(addr, grow, kind, stream)
+        self.reserved_bytes += grow
+        self.segment_allocs += 1
+        self.driver_calls.append(("malloc", grow))
         remaining = block.size - size
         split = remaining >= MIN_BLOCK if kind == "small" else remaining > SMALL_SIZE
         pool.take(block, size, split)

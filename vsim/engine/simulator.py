@@ -129,8 +129,10 @@ class Engine:
             self._stop(OutOfMemory(None, -1, pool, self.hw.pinned_limit_bytes,
                                    self.hw.pinned_limit_bytes, memory="pinned host"))
         elif self._allocate_resident():
-            procs = [self.env.process(self._stream(steps)) for steps in self.streams.values()]
-            self.env.process(self._finish(procs))
+            gens = [self._stream(steps) for steps in self.streams.values()]
+            procs = [self.env.process(gen) for gen in gens]
+            gens.append(self._finish(procs))
+            self.env.process(gens[-1])
             try:
                 self.env.run(until=self.halt)
             except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
@@ -141,6 +143,16 @@ class Engine:
                                 f"finishes, nor {len(stuck) - 1} other ops (a sync or an "
                                 "allocation waits for a copy or a release that waits for "
                                 "them)") from None
+            finally:
+                # No reference cycle outlives the run: a stream stopped part-way (out of memory)
+                # holds the engine in its frame, which SimPy's queue holds, and the copies call
+                # back into it (Transfers.close). Left alone, the engine with its records (a
+                # 1M-op run: millions) and the trace waited for the cyclic collector (3 s at
+                # exit on such a run).
+                for gen in gens:
+                    gen.close()
+                self.transfers.close()
+        self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
                   [c.start_us + c.dur_us for c in copies] + [0.0])
@@ -272,6 +284,8 @@ class Engine:
         clock, driver_calls = self.clock, self.allocator.driver_calls
         retries = self.allocator.retries_after_pending_frees
         done, completed = self.done, self.completed
+        executed_append, finished_add = self.executed.append, self.finished.add
+        state_get, h2d_used, release = state.get, transfers.h2d_used, self.memory.release
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -367,8 +381,18 @@ class Engine:
             executed = ExecutedOp(op, start, dur, stall)
             if acted and oid in retime and retime[oid].workspace_bytes == 0:
                 executed.without_workspace = True
-            self.executed.append(executed)
-            self._after(op)
+            executed_append(executed)
+            if oid in acts_after or transfers.awaiting_release:
+                self._after(op)
+            else:  # _after's common case: no copy waits for the op, no action after it
+                finished_add(oid)
+                if op.frees:
+                    now = env._now  # noqa: SLF001
+                    for t in op.frees:
+                        if state_get(t) is DEVICE and t not in h2d_used:
+                            release(t, now, oid, FREED)
+                        else:
+                            self._free(t, oid)
             if oid in acts_after and oid in index.sync_after:
                 sync_start = env.now
                 inflight = transfers.in_flight_events()

@@ -478,7 +478,7 @@ class _Reader:
                     raise self.fail(f"traceEvents[{where[n]}].args.reads[{j}]", problem)
             writes = op.writes
             if writes:
-                repeat = _first_repeat(writes)
+                repeat = _first_repeat(writes) if len(writes) > 1 else -1
                 for j, tid in enumerate(writes):
                     if tid not in by_id:
                         problem = f"tensor {tid} does not exist"
@@ -489,7 +489,7 @@ class _Reader:
                     raise self.fail(f"traceEvents[{where[n]}].args.writes[{j}]", problem)
             frees = op.frees
             if frees:
-                repeat = _first_repeat(frees)
+                repeat = _first_repeat(frees) if len(frees) > 1 else -1
                 for j, tid in enumerate(frees):
                     rec = by_id.get(tid)
                     if rec is None:
