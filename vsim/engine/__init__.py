@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -46,6 +47,9 @@ class SimResult:
                  simpy_events: int) -> None:
         self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
         self.simpy_events = simpy_events
+        # CPU seconds the policy took to plan (set by simulate; not part of the report, which
+        # is a pure function of the inputs)
+        self.plan_seconds = 0.0
         self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
         self._inputs = (trace, hw, policy, allocator, capacity, out)
@@ -101,12 +105,16 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     default: vsim's runtime, as measured. `tracker`: see run_plan."""
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
+    started = time.process_time()
     plan = policy.plan_with(trace, hw, capacity, planning_runner(
         allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
         host_time=host_time, tracked=tracked))
-    return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
-                    workspace_fallback=workspace_fallback, host_time=host_time,
-                    tracked=tracked, label=policy.spec(), tracker=tracker)
+    planned = time.process_time() - started
+    result = run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
+                      workspace_fallback=workspace_fallback, host_time=host_time,
+                      tracked=tracked, label=policy.spec(), tracker=tracker)
+    result.plan_seconds = planned
+    return result
 
 
 def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: bool | None = None,
