@@ -38,6 +38,11 @@ class Segment:
 # A free block's sort key: (size, addr) packed into one int, size << 64 | addr, which orders as
 # the tuple does for addresses below 2^64 (BlockPool.add_segment checks): comparing ints is
 # cheaper than comparing tuples, and the engine adds and removes two free blocks per tensor.
+# The index keeps the keys negated, in ascending order (so largest first): a training
+# iteration's allocations and frees come and go at the small end (the block just split, the
+# tensor just freed) while the free segments sit still at the large end, and a list inserts
+# and deletes at a cost proportional to what lies after the place (a 1M-op chain: thousands of
+# free 2 MiB segments, a memmove of all of them per request in ascending order).
 _ADDR_BITS = 64
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
 
@@ -49,19 +54,19 @@ class FreeIndex:
     hottest path)."""
 
     def __init__(self, by_address: bool = False) -> None:
-        self.by_size: list[int] = []  # size << 64 | addr, ascending
+        self.by_size: list[int] = []  # -(size << 64 | addr), ascending
         self.by_addr: list[int] | None = [] if by_address else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, block.size << _ADDR_BITS | block.addr)
+        bisect.insort(self.by_size, -(block.size << _ADDR_BITS | block.addr))
         if self.by_addr is not None:
             bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
         by_size = self.by_size
-        del by_size[bisect.bisect_left(by_size, block.size << _ADDR_BITS | block.addr)]
+        del by_size[bisect.bisect_left(by_size, -(block.size << _ADDR_BITS | block.addr))]
         if self.by_addr is not None:
             del self.by_addr[bisect.bisect_left(self.by_addr, block.addr)]
         del self.blocks[block.addr]
@@ -69,8 +74,8 @@ class FreeIndex:
     def best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least `size` bytes (lowest address on ties)."""
         by_size = self.by_size
-        i = bisect.bisect_left(by_size, size << _ADDR_BITS)
-        return self.blocks[by_size[i] & _ADDR_MASK] if i < len(by_size) else None
+        i = bisect.bisect_right(by_size, -(size << _ADDR_BITS)) - 1  # the least key >= size's
+        return self.blocks[-by_size[i] & _ADDR_MASK] if i >= 0 else None
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
@@ -83,7 +88,7 @@ class FreeIndex:
         return None
 
     def largest(self) -> int:
-        return self.by_size[-1] >> _ADDR_BITS if self.by_size else 0
+        return -self.by_size[0] >> _ADDR_BITS if self.by_size else 0
 
     def __len__(self) -> int:
         return len(self.by_size)
@@ -135,10 +140,10 @@ class BlockPool:
                 self.take(found, size, found.size - size >= split_from)
             return found
         by_size = free.by_size
-        i = bisect.bisect_left(by_size, size << _ADDR_BITS)
-        if i == len(by_size):
+        i = bisect.bisect_right(by_size, -(size << _ADDR_BITS)) - 1  # as best_fit
+        if i < 0:
             return None
-        block = free.blocks.pop(by_size.pop(i) & _ADDR_MASK)
+        block = free.blocks.pop(-by_size.pop(i) & _ADDR_MASK)
         rest_size = block.size - size
         if rest_size >= split_from:
             after = block.next
@@ -147,7 +152,7 @@ class BlockPool:
                 after.prev = rest
             block.next = rest
             block.size = size
-            bisect.insort(by_size, rest_size << _ADDR_BITS | rest.addr)
+            bisect.insort(by_size, -(rest_size << _ADDR_BITS | rest.addr))
             free.blocks[rest.addr] = rest
         block.free = False
         block.segment.blocks_in_use += 1
@@ -161,7 +166,7 @@ class BlockPool:
         if self.free.by_addr is None:  # the loop below with FreeIndex's steps written out
             by_size, blocks = self.free.by_size, self.free.blocks
             if prev is not None and prev.free:
-                del by_size[bisect.bisect_left(by_size, prev.size << _ADDR_BITS | prev.addr)]
+                del by_size[bisect.bisect_left(by_size, -(prev.size << _ADDR_BITS | prev.addr))]
                 del blocks[prev.addr]
                 prev.size += block.size
                 prev.next = after
@@ -169,13 +174,14 @@ class BlockPool:
                     after.prev = prev
                 block = prev
             if after is not None and after.free:
-                del by_size[bisect.bisect_left(by_size, after.size << _ADDR_BITS | after.addr)]
+                del by_size[bisect.bisect_left(by_size,
+                                               -(after.size << _ADDR_BITS | after.addr))]
                 del blocks[after.addr]
                 block.size += after.size
                 block.next = after.next
                 if after.next is not None:
                     after.next.prev = block
-            bisect.insort(by_size, block.size << _ADDR_BITS | block.addr)
+            bisect.insort(by_size, -(block.size << _ADDR_BITS | block.addr))
             blocks[block.addr] = block
             return
         for neighbour in (prev, after):
