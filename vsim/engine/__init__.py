@@ -291,9 +291,11 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             return out, first
         resident = first.resident_left()
         plan = _with_fallbacks(plan, first.fell_back, fallback)
-        first.discard()  # not reported: its log goes before the next iteration builds its own
+        # Not reported: its log goes before the next iteration builds its own (discard, and no
+        # reference cycle holds an engine after its run: no collection needed, which cost a
+        # pass over every record made since run_plan paused the collector)
+        first.discard()
         del first, out
-        gc.collect(0)  # (the engine is in reference cycles, and run_plan pauses the collector)
     # Steady iterations until the allocator starts one as it started the one before (the two
     # are then equal, and so would every later one be), at most as many as a measured run
     # has: fragmentation that builds up over iterations ends a run in a later iteration.
@@ -314,7 +316,6 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
         engine.discard()  # likewise
         del out, engine
-        gc.collect(0)
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")

@@ -550,14 +550,25 @@ _new_op, _new_kernel, _new_tensor = _builder(Op), _builder(Kernel), _builder(Ten
 def _ids(value: Any, ints: dict[int, int] | None = None) -> tuple[int, ...] | None:
     if type(value) is not list:
         return None
-    if not value:
+    n = len(value)
+    if n == 0:
         return ()
+    if n == 1:  # (most lists of most ops: one or two ids, written out, a third of the time)
+        v = value[0]
+        if type(v) is not int or v < 0:
+            return None
+        return (v,) if ints is None else (ints.setdefault(v, v),)
+    if n == 2:
+        a, b = value
+        if type(a) is not int or a < 0 or type(b) is not int or b < 0:
+            return None
+        return (a, b) if ints is None else (ints.setdefault(a, a), ints.setdefault(b, b))
     for v in value:
         if type(v) is not int or v < 0:
             return None
     if ints is None:
         return tuple(value)
-    return tuple(map(ints.setdefault, value, value))
+    return tuple(map(ints.setdefault, value, value))  # (one int object per id: see load_trace)
 
 
 def _t(value: Any) -> bool:
