@@ -139,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..allocator import make_allocator
     from ..engine import simulate
+    from ..engine.prep import trace_prep
     from ..policies import make_policy
     from ..retarget import for_hardware, hardware_with_overrides
     from ..sweep import AMPLE_BYTES, load_hw_spec
@@ -158,10 +159,11 @@ def _run(args: argparse.Namespace) -> int:
     policies = [make_policy(s) for s in specs]
     allocator = make_allocator(args.allocator)
     trace = load_trace(args.trace)
-    # The trace lives until the command ends: the cyclic collector need not walk its millions
-    # of objects again and again (cmd_run unfreezes them at its end)
-    gc.freeze()
     trace, retarget_note = for_hardware(trace, hw, enabled=not args.no_retarget)
+    trace_prep(trace)  # the engine's lookups of the trace, made once for every run on it
+    # The trace and those live until the command ends: the cyclic collector need not walk
+    # their millions of objects again and again (cmd_run unfreezes them at its end)
+    gc.freeze()
     if retarget_note and not args.json:
         progress(f"note: {retarget_note}")
     check_capacity(args.trace, trace, hw, capacity)

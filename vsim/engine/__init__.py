@@ -352,7 +352,7 @@ def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
     executed = _in_start_order(out)
     end = out.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
     peak_allocated, peak_reserved, avg_allocated = metrics.curve_figures(
-        out.memory.events, out.memory.allocator.has_segments, end)
+        out.memory.log, out.memory.allocator.has_segments, end)
     return {
         "iteration_time_us": end,
         "compute_time_us": sum(e.dur_us for e in executed),

@@ -41,9 +41,12 @@ class TracePrep:
             gap = op.start_us - prev if op.start_us > prev else 0.0
             end = op.start_us + op.dur_us
             last_end[stream] = end if end > prev else prev
-            reads = op.reads
-            if op.writes and not set(op.writes).isdisjoint(reads):
-                reads = tuple(t for t in reads if t not in op.writes)
+            reads, writes = op.reads, op.writes
+            if writes and reads:
+                for t in reads:
+                    if t in writes:
+                        reads = tuple(t for t in reads if t not in writes)
+                        break
             deps: tuple[int, ...] = ()
             if op.deps:
                 deps = tuple(d for d in op.deps if stream_of[d] != stream)

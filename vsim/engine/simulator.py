@@ -198,7 +198,7 @@ class Engine:
         hold it), so without this they would wait for the cyclic collector, whose pass over
         them cost more than the drop (a 1M-op run: millions of records)."""
         self.executed.clear()
-        self.memory.events.clear()
+        self.memory.log.clear()
         self.memory.state.clear()
         self.memory.blocks.clear()
         self.completed.clear()
