@@ -128,7 +128,7 @@ def test_recompute_is_no_slower_with_more_capacity(name, fractions):
         report = simulate(trace, hw, make_policy("recompute"), caching, int(peak * f)).report
         assert report["fits"], f
         times.append(report["iteration_time_us"])
-    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False)), times
 
 
 @pytest.mark.parametrize("seq,memory,spec", [(2048, "24GiB", "recompute"),

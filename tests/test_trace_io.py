@@ -91,6 +91,9 @@ def test_version_is_never_guessed(tmp_path):
     (lambda d: d["traceEvents"][1]["args"].update(reads=[9]), "traceEvents[1].args.reads[0]"),
     (lambda d: d["traceEvents"][0]["args"].update(deps=[1]), "traceEvents[0].args.deps[0]"),
     (lambda d: d["traceEvents"][1]["args"].update(phase="sideways"), "args.phase"),
+    # unhashable where a name is expected: a TypeError escaped the fast readers (issue 18)
+    (lambda d: d["traceEvents"][1]["args"].update(phase=["fwd"]), "args.phase"),
+    (lambda d: d["vsim"]["tensors"][2].update(kind=["weight"]), "vsim.tensors[2].kind"),
     (lambda d: d["traceEvents"][0]["args"].pop("layer"), "missing required field 'layer'"),
     (lambda d: d["traceEvents"][1]["args"].update(op=0), "duplicate op id"),
     (lambda d: d["traceEvents"][0]["args"].update(writes=[3]), "lists producer 1"),

@@ -588,9 +588,12 @@ def _fast_op(ev: dict[str, Any], ints: dict[int, int] | None = None) -> Op | Non
     if type(args) is not dict or "attrs" in args:
         return None
     get = args.get
-    oid, name, layer, layer_type = get("op"), ev.get("name"), get("layer"), get("layer_type")
-    phase = _PHASE.get(get("phase"))  # type: ignore[arg-type]
-    ts, dur, stream = ev.get("ts"), ev.get("dur"), ev.get("tid")
+    try:  # (subscripts: cheaper than get; a missing key or an unhashable phase goes slow)
+        oid, name, layer, layer_type = args["op"], ev["name"], args["layer"], args["layer_type"]
+        phase = _PHASE.get(args["phase"])
+        ts, dur, stream = ev["ts"], ev["dur"], ev["tid"]
+    except (KeyError, TypeError):
+        return None
     flops, dram = get("flops", 0.0), get("dram_bytes", 0.0)
     if not (type(oid) is int and oid >= 0 and type(name) is str and type(layer) is str
             and type(layer_type) is str and phase is not None
@@ -638,7 +641,10 @@ def _fast_tensor(t: Any, ints: dict[int, int] | None = None) -> Tensor | None:
         return None
     get = t.get
     tid, size, name = get("id"), get("bytes"), get("name", "")
-    kind, producer = _KIND.get(get("kind")), get("producer")  # type: ignore[arg-type]
+    kind, producer = get("kind"), get("producer")
+    if type(kind) is not str:
+        return None  # (an unhashable one would raise in the lookup below)
+    kind = _KIND.get(kind)
     consumers = _ids(get("consumers", _EMPTY), ints)
     if not (type(tid) is int and tid >= 0 and type(size) is int and 0 <= size <= MAX_BYTES
             and kind is not None and type(name) is str and consumers is not None
