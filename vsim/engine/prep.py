@@ -6,6 +6,7 @@ Read only: an Engine copies what it changes (its `first_use`)."""
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 from ..allocator.first_use import first_use_residents
@@ -78,6 +79,15 @@ def trace_prep(trace: Trace) -> TracePrep:
     key = id(trace)
     prep = _PREPS.get(key)
     if prep is None or prep._trace() is not trace:  # noqa: SLF001
-        prep = _PREPS[key] = TracePrep(trace)
+        # The cyclic collector paused, as load_trace does: building millions of records makes
+        # it walk the whole heap, the trace's too, again and again (a 1M-op trace: 4 s), and
+        # they hold no cycles for it to find.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            prep = _PREPS[key] = TracePrep(trace)
+        finally:
+            if enabled:
+                gc.enable()
         weakref.finalize(trace, _PREPS.pop, key, None)
     return prep
