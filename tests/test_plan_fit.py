@@ -110,6 +110,27 @@ def test_capacity_aware_policies_fit_when_they_fit_with_less(net, lo, spec):
         assert _run(net, spec, large)["fits"]
 
 
+@pytest.mark.parametrize("name,fractions", [("vgg16-b128-h100", (0.6, 0.7, 0.8, 0.9)),
+                                            ("vgg16-b256-h100", (0.5, 0.6, 0.7))])
+def test_recompute_is_no_slower_with_more_capacity(name, fractions):
+    """Issue 18: a wider card picked a slower plan. recompute (optimal) returned the plan
+    without recomputation as soon as it fit, even with convolutions run without their
+    workspaces (vgg16(128): 150.1 ms at 0.6 of its peak, 211.6 ms at 0.7), and its profiling
+    loop from a larger capacity missed the DP's plan for a budget the smaller one found
+    (vgg16(256): 345.0 ms at 0.5, 402.1 ms at 0.6). Fractions of the uncapped peak reserved,
+    caching allocator, as vsim run."""
+    trace, hw = load_trace(TRACES / f"{name}.vsim.json.gz"), load_hardware("h100-sxm")
+    caching = make_allocator("caching")
+    peak = simulate(trace, hw, make_policy("none"), caching, 10**15).report[
+        "peak_reserved_bytes"]
+    times = []
+    for f in fractions:
+        report = simulate(trace, hw, make_policy("recompute"), caching, int(peak * f)).report
+        assert report["fits"], f
+        times.append(report["iteration_time_us"])
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False)), times
+
+
 @pytest.mark.parametrize("seq,memory,spec", [(2048, "24GiB", "recompute"),
                                              (4096, "80GiB", "superneurons")])
 def test_escalation_finds_a_budget_that_fits_when_budget_0_does_not(seq, memory, spec):

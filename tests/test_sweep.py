@@ -440,3 +440,28 @@ def test_max_batch_plot_lines_for_many_capacities(tmp_path):
         path = tmp_path / f"{n}.png"
         plot_max_batch([r for r in rows if r["capacity_bytes"] <= caps * GIB], str(path))
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slow_planning_gets_a_note(traces, tmp_path, capsys, monkeypatch):
+    """A policy whose planning averages more than SLOW_PLANNING_S CPU seconds per configuration
+    is named in a one-line note (issue 18: recompute's planning cost 0.75 s per configuration
+    without a word); the planning time is no column of the results."""
+    import vsim.sweep
+
+    out = tmp_path / "p.csv"
+    args = ["sweep", "--trace", traces[1], "--hw", "h100-sxm", "--memory", "256MiB", "1GiB",
+            "--policy", "none", "vdnn", "-o", str(out), "--workers", "1"]
+    assert main(args) == 0
+    assert "note:" not in capsys.readouterr().out  # these plan in milliseconds
+    assert not any(k.startswith("plan") for k in read_rows(str(out))[0])
+    monkeypatch.setattr(vsim.sweep, "SLOW_PLANNING_S", -1.0)  # every policy is "slow" now
+    out.unlink()
+    assert main(args) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert sorted(n.split(":")[1].strip() for n in notes) == ["none", "vdnn"]  # (spec names)
+    assert all("of planning per configuration on average (2 simulated here)" in n
+               for n in notes)
+    out.unlink()
+    summary, _ = sweep_json(capsys, *args[1:])
+    assert sorted(s.split(":")[0] for s in summary["slow_planning_s_per_config"]) == \
+        ["none", "vdnn"]

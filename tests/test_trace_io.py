@@ -91,6 +91,9 @@ def test_version_is_never_guessed(tmp_path):
     (lambda d: d["traceEvents"][1]["args"].update(reads=[9]), "traceEvents[1].args.reads[0]"),
     (lambda d: d["traceEvents"][0]["args"].update(deps=[1]), "traceEvents[0].args.deps[0]"),
     (lambda d: d["traceEvents"][1]["args"].update(phase="sideways"), "args.phase"),
+    # unhashable where a name is expected: a TypeError escaped the fast readers (issue 18)
+    (lambda d: d["traceEvents"][1]["args"].update(phase=["fwd"]), "args.phase"),
+    (lambda d: d["vsim"]["tensors"][2].update(kind=["weight"]), "vsim.tensors[2].kind"),
     (lambda d: d["traceEvents"][0]["args"].pop("layer"), "missing required field 'layer'"),
     (lambda d: d["traceEvents"][1]["args"].update(op=0), "duplicate op id"),
     (lambda d: d["traceEvents"][0]["args"].update(writes=[3]), "lists producer 1"),
@@ -233,3 +236,27 @@ def test_a_long_write_list_is_checked_in_linear_time():
     doc["traceEvents"][0]["args"]["writes"].append(n - 1)
     with pytest.raises(TraceError, match=rf"writes\[{n}\]: tensor {n - 1} is listed twice"):
         trace_from_json(doc)
+
+
+def test_records_built_by_the_loader_equal_their_dataclass_constructors():
+    """The loader builds Op, Kernel and Tensor through slot setters (vsim.trace.io._builder),
+    not their frozen __init__: the objects must be the same, field for field, and as frozen."""
+    import dataclasses
+
+    from vsim.trace.schema import Kernel, Op, Tensor
+
+    t = load_trace(DATA.parent.parent / "traces" / "alexnet-b128-h100.vsim.json.gz")
+    records = [*t.ops, *(k for op in t.ops for k in op.kernels), *t.tensors]
+    assert {type(r) for r in records} == {Op, Kernel, Tensor}
+    for r in records:
+        again = dataclasses.replace(r)  # through the dataclass's own __init__
+        assert again == r and repr(again) == repr(r) and hash(again) == hash(r)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.name = "changed"
+    # every field, in order, of a record with all fields set
+    from vsim.trace.io import _builder
+    fields = dict(id=3, name="n", layer="l", layer_type="conv", phase="bwd", start_us=1.5,
+                  dur_us=2.5, stream=1, reads=(1,), writes=(2,), frees=(1,), deps=(0,),
+                  kernels=(Kernel("k", 7, 1.5, 2.5),), flops=3.0, dram_bytes=4.0,
+                  attrs=(("a", 1),))
+    assert _builder(Op)(*fields.values()) == Op(**fields)

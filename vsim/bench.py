@@ -65,7 +65,7 @@ def count_events(trace: Trace, hw_name: str, policy: str, capacity: int | None
     plan = make_policy(policy).plan_with(trace, hw, cap, run_plan)
     result = run_plan(trace, hw, plan, make_allocator("exact"), cap)
     out = result.output
-    simulated = 2 * len(out.executed) + 2 * len(out.copies) + len(out.memory.events)
+    simulated = 2 * len(out.executed) + 2 * len(out.copies) + out.memory.event_count
     return simulated, result.simpy_events
 
 

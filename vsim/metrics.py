@@ -88,6 +88,58 @@ def curve_of_events(events: Sequence[tuple[Any, ...]], *, has_segments: bool | N
 Curve = list[tuple[float, int, int]]
 
 
+def curve_figures(log: list[Any], has_segments: bool, end: float) -> tuple[int, int, float]:
+    """(peak allocated bytes, peak reserved bytes, time-weighted mean allocated bytes over
+    [0, end]) of the curve `curve_of_events(events, has_segments=has_segments,
+    in_time_order=True)` would build, in one pass without building it (the report of a
+    1M-op run: 4.5M events): the same values to the last bit, the same sums in the same
+    order (tests/test_properties.py holds the report equal to metrics.summary). `log`: the
+    events flat, seven items each in MemEvent's field order (the engine's DeviceMemory.log)."""
+    it = iter(log)
+    events = zip(it, it, it, it, it, it, it, strict=True)
+    allocated = reserved = 0
+    peak_a = peak_r = _BELOW  # max(..., default=0) of the curve: 0 only when it is empty
+    requested: dict[tuple[int | None, int], int] = {}
+    pending = 0
+    total, last_t, last_a = 0.0, 0.0, 0
+    for action, time_us, addr, size, _stream, tensor, _op in events:
+        if action == "alloc":
+            allocated += size
+        elif action == "free_requested":
+            allocated -= size
+            requested[(tensor, addr)] = size
+            pending += size
+        elif action == "free_completed":
+            held_back = requested.pop((tensor, addr), None)
+            if held_back is None:
+                allocated -= size
+            else:
+                pending -= held_back
+        elif action == "segment_alloc":
+            reserved += size
+        elif action == "segment_free":
+            reserved -= size
+        else:
+            continue
+        r = reserved if has_segments else allocated + pending
+        if allocated > peak_a:
+            peak_a = allocated
+        if r > peak_r:
+            peak_r = r
+        t = end if time_us > end else time_us
+        total += last_a * (t - last_t)
+        last_t, last_a = t, allocated
+    if peak_a == _BELOW:
+        peak_a = peak_r = 0
+    if end <= 0:
+        return peak_a, peak_r, 0.0
+    total += last_a * (end - last_t)
+    return peak_a, peak_r, total / end
+
+
+_BELOW = -(2**63)  # below any byte count
+
+
 def peak_allocated_bytes(trace: Trace, curve: Curve | None = None) -> int:
     return max((a for _, a, _ in curve or memory_curve(trace)), default=0)
 

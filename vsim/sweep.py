@@ -23,7 +23,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def _baseline_us(cfg: Config) -> float | None:
 def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
     """Simulate one configuration, its trace read from `trace_file` (default: its path).
     Returns {"key": [...], "report": {...}, "baseline_iteration_time_us", "slowdown",
-    "sim_seconds"}
+    "sim_seconds", "plan_seconds" (CPU seconds of the policy's planning)}
     (slowdown: iteration time over the no-policy time at ample capacity; None when the run does
     not fit), or {"key", "error"} when the simulation raised."""
     from .allocator import make_allocator
@@ -331,7 +331,8 @@ def run_config(cfg: Config, trace_file: str | None = None) -> dict[str, Any]:
     slowdown = (report["iteration_time_us"] / base
                 if report["fits"] and base and base > 0 else None)
     out = {"key": list(cfg.key()), "report": report, "baseline_iteration_time_us": base,
-           "slowdown": slowdown, "sim_seconds": round(seconds, 4)}
+           "slowdown": slowdown, "sim_seconds": round(seconds, 4),
+           "plan_seconds": result.plan_seconds}  # (not a column: for the summary's note)
     if trace.meta.get("seq_len") is not None:  # sequence models: the axis a sweep may vary
         out["seq_len"] = trace.meta["seq_len"]
     return out
@@ -354,13 +355,27 @@ class SweepSummary:
     seconds: float
     workers: int
     scheduler: str | None
+    # policy spec -> (configurations, CPU seconds of planning in all) of those simulated now
+    planning: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def slow_planning(self) -> dict[str, float]:
+        """Policies whose planning took more than SLOW_PLANNING_S CPU seconds per
+        configuration on average: their mean, the sweep's note (planning, not simulation,
+        then bounds the sweep)."""
+        return {spec: seconds / n for spec, (n, seconds) in self.planning.items()
+                if n and seconds / n > SLOW_PLANNING_S}
 
     def to_json(self) -> dict[str, Any]:
         return {"configs": self.configs, "seconds": round(self.seconds, 3), "ran": self.ran,
                 "skipped": self.skipped, "written": self.written,
                 "configs_per_s": round(self.ran / self.seconds, 1) if self.seconds else None,
                 "errors": len(self.errors), "error_examples": self.errors[:5],
-                "workers": self.workers, "scheduler": self.scheduler}
+                "workers": self.workers, "scheduler": self.scheduler,
+                "slow_planning_s_per_config": {k: round(v, 3)
+                                               for k, v in self.slow_planning().items()}}
+
+
+SLOW_PLANNING_S = 0.3  # CPU seconds of planning per configuration worth a note
 
 
 def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
@@ -390,6 +405,7 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
         random.Random(0).shuffle(todo)
         errors: list[dict[str, Any]] = []
         counts = {"ran": 0, "written": 0}
+        planning: dict[str, tuple[int, float]] = {}
 
         def accept(result: dict[str, Any]) -> None:
             counts["ran"] += 1
@@ -398,6 +414,9 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
             else:
                 row = to_row(result)
                 counts["written"] += sum(w.write(row) for w in writers)
+                spec = row["policy_spec"]
+                n, seconds = planning.get(spec, (0, 0.0))
+                planning[spec] = (n + 1, seconds + float(result.get("plan_seconds", 0.0)))
             if on_result is not None:
                 on_result(result)
             if progress is not None:
@@ -414,7 +433,8 @@ def run_sweep(grid: Grid, outputs: Sequence[str], workers: int | None = None,
             w.close()
     return SweepSummary(configs=len(configs), ran=counts["ran"], skipped=len(configs) - len(todo),
                         written=counts["written"], errors=errors,
-                        seconds=time.perf_counter() - start, workers=n, scheduler=scheduler)
+                        seconds=time.perf_counter() - start, workers=n, scheduler=scheduler,
+                        planning=planning)
 
 
 def _chunks(items: list[Config], workers: int) -> list[list[Config]]:

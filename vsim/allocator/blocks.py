@@ -11,7 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     addr: int
     size: int
@@ -20,11 +20,8 @@ class Block:
     prev: Block | None = None
     next: Block | None = None
 
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.addr)
 
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
     addr: int
     size: int
@@ -32,44 +29,58 @@ class Segment:
     stream: int
     blocks_in_use: int = 0
     head: Block | None = field(default=None, repr=False)
+    owner: BlockPool | None = field(default=None, repr=False)  # the pool it belongs to
 
     def is_free(self) -> bool:
         return self.blocks_in_use == 0
 
 
-class FreeIndex:
-    """Free blocks of one pool and stream, sorted by (size, addr) for best fit and kept in a
-    second list by address for first fit."""
+# A free block's sort key: (size, addr) packed into one int, size << 64 | addr, which orders as
+# the tuple does for addresses below 2^64 (BlockPool.add_segment checks): comparing ints is
+# cheaper than comparing tuples, and the engine adds and removes two free blocks per tensor.
+# The index keeps the keys negated, in ascending order (so largest first): a training
+# iteration's allocations and frees come and go at the small end (the block just split, the
+# tensor just freed) while the free segments sit still at the large end, and a list inserts
+# and deletes at a cost proportional to what lies after the place (a 1M-op chain: thousands of
+# free 2 MiB segments, a memmove of all of them per request in ascending order).
+_ADDR_BITS = 64
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
 
-    def __init__(self, by_addr: bool = True) -> None:
-        """`by_addr` False: no address order kept (first_fit unavailable): best fit alone
-        (the caching allocator) pays for one sorted list, not two."""
-        self.by_size: list[tuple[int, int]] = []
-        self.by_addr: list[int] | None = [] if by_addr else None
+
+class FreeIndex:
+    """Free blocks of one pool and stream, sorted by (size, addr) for best fit and, when
+    `by_address` (a first-fit allocator), kept in a second list by address for first fit (the
+    caching allocator's pools skip that list: two bisections per block in the engine's
+    hottest path)."""
+
+    def __init__(self, by_address: bool = False) -> None:
+        self.by_size: list[int] = []  # -(size << 64 | addr), ascending
+        self.by_addr: list[int] | None = [] if by_address else None
         self.blocks: dict[int, Block] = {}
 
     def add(self, block: Block) -> None:
-        bisect.insort(self.by_size, (block.size, block.addr))
+        bisect.insort(self.by_size, -(block.size << _ADDR_BITS | block.addr))
         if self.by_addr is not None:
             bisect.insort(self.by_addr, block.addr)
         self.blocks[block.addr] = block
 
     def remove(self, block: Block) -> None:
-        i = bisect.bisect_left(self.by_size, (block.size, block.addr))
-        del self.by_size[i]
+        by_size = self.by_size
+        del by_size[bisect.bisect_left(by_size, -(block.size << _ADDR_BITS | block.addr))]
         if self.by_addr is not None:
-            j = bisect.bisect_left(self.by_addr, block.addr)
-            del self.by_addr[j]
+            del self.by_addr[bisect.bisect_left(self.by_addr, block.addr)]
         del self.blocks[block.addr]
 
     def best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least `size` bytes (lowest address on ties)."""
-        i = bisect.bisect_left(self.by_size, (size, -1))
-        return self.blocks[self.by_size[i][1]] if i < len(self.by_size) else None
+        by_size = self.by_size
+        i = bisect.bisect_right(by_size, -(size << _ADDR_BITS)) - 1  # the least key >= size's
+        return self.blocks[-by_size[i] & _ADDR_MASK] if i >= 0 else None
 
     def first_fit(self, size: int) -> Block | None:
         """The free block of at least `size` bytes with the lowest address."""
-        assert self.by_addr is not None, "built without the address order"
+        if self.by_addr is None:
+            raise ValueError("first_fit on a FreeIndex made without by_address")
         for addr in self.by_addr:
             block = self.blocks[addr]
             if block.size >= size:
@@ -77,7 +88,7 @@ class FreeIndex:
         return None
 
     def largest(self) -> int:
-        return self.by_size[-1][0] if self.by_size else 0
+        return -self.by_size[0] >> _ADDR_BITS if self.by_size else 0
 
     def __len__(self) -> int:
         return len(self.by_size)
@@ -86,8 +97,8 @@ class FreeIndex:
 class BlockPool:
     """Segments and their blocks for one (pool, stream); split and merge."""
 
-    def __init__(self, by_addr: bool = True) -> None:
-        self.free = FreeIndex(by_addr)
+    def __init__(self, by_address: bool = False) -> None:
+        self.free = FreeIndex(by_address)
         self.segments: list[Segment] = []
         # Bytes of the segments with no block in use, kept as blocks are taken and given back
         # (the caching allocator's largest_free_bytes asks for it on every request of a plan
@@ -95,9 +106,12 @@ class BlockPool:
         self.free_segment_bytes = 0
 
     def add_segment(self, addr: int, size: int, pool: str, stream: int) -> Block:
+        if addr < 0 or addr + size > 1 << _ADDR_BITS:
+            raise ValueError(f"segment at {addr:#x} of {size} B is outside 64-bit addresses")
         seg = Segment(addr, size, pool, stream)
         block = Block(addr, size, seg)
         seg.head = block
+        seg.owner = self
         self.segments.append(seg)
         self.free.add(block)
         self.free_segment_bytes += size
@@ -105,15 +119,48 @@ class BlockPool:
 
     def take(self, block: Block, size: int, split: bool) -> Block:
         """Mark `block` used; if `split`, its tail beyond `size` becomes a new free block."""
-        self.free.remove(block)
+        free = self.free
+        free.remove(block)
         if split and block.size > size:
-            rest = Block(block.addr + size, block.size - size, block.segment, True, block,
-                         block.next)
-            if block.next is not None:
-                block.next.prev = rest
+            after = block.next
+            rest = Block(block.addr + size, block.size - size, block.segment, True, block, after)
+            if after is not None:
+                after.prev = rest
             block.next = rest
             block.size = size
-            self.free.add(rest)
+            free.add(rest)
+        block.free = False
+        if block.segment.blocks_in_use == 0:
+            self.free_segment_bytes -= block.segment.size
+        block.segment.blocks_in_use += 1
+        return block
+
+    def take_best(self, size: int, split_from: int) -> Block | None:
+        """`take` of the best-fitting free block for `size` bytes (FreeIndex.best_fit), split
+        when at least `split_from` (> 0) bytes would remain; None when no free block fits.
+        One bisection instead of best_fit's and take's (the caching allocator's every
+        request)."""
+        free = self.free
+        if free.by_addr is not None:
+            found = free.best_fit(size)
+            if found is not None:
+                self.take(found, size, found.size - size >= split_from)
+            return found
+        by_size = free.by_size
+        i = bisect.bisect_right(by_size, -(size << _ADDR_BITS)) - 1  # as best_fit
+        if i < 0:
+            return None
+        block = free.blocks.pop(-by_size.pop(i) & _ADDR_MASK)
+        rest_size = block.size - size
+        if rest_size >= split_from:
+            after = block.next
+            rest = Block(block.addr + size, rest_size, block.segment, True, block, after)
+            if after is not None:
+                after.prev = rest
+            block.next = rest
+            block.size = size
+            bisect.insort(by_size, -(rest_size << _ADDR_BITS | rest.addr))
+            free.blocks[rest.addr] = rest
         block.free = False
         if block.segment.blocks_in_use == 0:
             self.free_segment_bytes -= block.segment.size
@@ -126,7 +173,29 @@ class BlockPool:
         block.segment.blocks_in_use -= 1
         if block.segment.blocks_in_use == 0:
             self.free_segment_bytes += block.segment.size
-        for neighbour in (block.prev, block.next):
+        prev, after = block.prev, block.next
+        if self.free.by_addr is None:  # the loop below with FreeIndex's steps written out
+            by_size, blocks = self.free.by_size, self.free.blocks
+            if prev is not None and prev.free:
+                del by_size[bisect.bisect_left(by_size, -(prev.size << _ADDR_BITS | prev.addr))]
+                del blocks[prev.addr]
+                prev.size += block.size
+                prev.next = after
+                if after is not None:
+                    after.prev = prev
+                block = prev
+            if after is not None and after.free:
+                del by_size[bisect.bisect_left(by_size,
+                                               -(after.size << _ADDR_BITS | after.addr))]
+                del blocks[after.addr]
+                block.size += after.size
+                block.next = after.next
+                if after.next is not None:
+                    after.next.prev = block
+            bisect.insort(by_size, -(block.size << _ADDR_BITS | block.addr))
+            blocks[block.addr] = block
+            return
+        for neighbour in (prev, after):
             if neighbour is not None and neighbour.free:
                 self.free.remove(neighbour)
                 if neighbour is block.prev:

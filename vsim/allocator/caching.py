@@ -65,33 +65,41 @@ class CachingAllocator(Allocator):
     def _pool(self, pool: str, stream: int) -> BlockPool:
         found = self.pools.get((pool, stream))
         if found is None:  # (setdefault would build a BlockPool on every call)
-            found = self.pools[(pool, stream)] = BlockPool(by_addr=False)  # best fit only
+            found = self.pools[(pool, stream)] = BlockPool()  # best fit only (no address order)
         return found
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
-        size = round_size(size_bytes)
+        # round_size and BlockPool lookups written out: the engine calls this per tensor
+        size = MIN_BLOCK if size_bytes < MIN_BLOCK \
+            else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
         kind = "small" if size <= SMALL_SIZE else "large"
-        pool = self._pool(kind, stream)
-        block = pool.free.best_fit(size)
-        if block is None:
-            grow = segment_size(size)
+        pool = self.pools.get((kind, stream))
+        if pool is None:
+            pool = self._pool(kind, stream)
+        # a cached block: split when the rest is at least 512 B (small) or above 1 MiB (large)
+        found = pool.take_best(size, MIN_BLOCK if kind == "small" else SMALL_SIZE + 1)
+        if found is not None:
+            self.allocated_bytes += found.size
+            return found
+        # no cached block fits: a new segment
+        grow = segment_size(size)
+        if self.reserved_bytes + grow > self.capacity_bytes:
+            self.capacity_hits += 1
+            # release_cached_blocks: synchronize the device, cudaFree every free segment
+            self.driver_calls.append(("sync", 0))
+            self.driver_calls += [("free", s.size) for p in self.pools.values()
+                                  for s in p.segments if s.is_free()]
+            self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
             if self.reserved_bytes + grow > self.capacity_bytes:
-                self.capacity_hits += 1
-                # release_cached_blocks: synchronize the device, cudaFree every free segment
-                self.driver_calls.append(("sync", 0))
-                self.driver_calls += [("free", s.size) for p in self.pools.values()
-                                      for s in p.segments if s.is_free()]
-                self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
-                if self.reserved_bytes + grow > self.capacity_bytes:
-                    return None
-            addr = next(self.segment_addresses, None)
-            if addr is None:
-                addr = self.next_addr
-                self.next_addr += grow
-            block = pool.add_segment(addr, grow, kind, stream)
-            self.reserved_bytes += grow
-            self.segment_allocs += 1
-            self.driver_calls.append(("malloc", grow))
+                return None
+        addr = next(self.segment_addresses, None)
+        if addr is None:
+            addr = self.next_addr
+            self.next_addr += grow
+        block = pool.add_segment(addr, grow, kind, stream)
+        self.reserved_bytes += grow
+        self.segment_allocs += 1
+        self.driver_calls.append(("malloc", grow))
         remaining = block.size - size
         split = remaining >= MIN_BLOCK if kind == "small" else remaining > SMALL_SIZE
         pool.take(block, size, split)
@@ -101,15 +109,16 @@ class CachingAllocator(Allocator):
     def free(self, block: object) -> None:
         assert isinstance(block, Block) and not block.free
         self.allocated_bytes -= block.size
-        self._pool(block.segment.pool, block.segment.stream).give_back(block)
+        owner = block.segment.owner
+        assert owner is not None
+        owner.give_back(block)
 
+    # (a Block: no isinstance check, the engine asks twice per allocation and per release)
     def block_size(self, block: object) -> int:
-        assert isinstance(block, Block)
-        return block.size
+        return block.size  # type: ignore[attr-defined, no-any-return]
 
     def block_addr(self, block: object) -> int:
-        assert isinstance(block, Block)
-        return block.addr
+        return block.addr  # type: ignore[attr-defined, no-any-return]
 
     def free_in_segments_bytes(self) -> int:
         return sum(b.size for p in self.pools.values() for b in p.free.blocks.values())
@@ -131,9 +140,9 @@ class CachingAllocator(Allocator):
         # (one pass: the engine asks on every request of a plan that waits for memory)
         cached = releasable = 0
         for p in self.pools.values():
-            by_size = p.free.by_size
-            if by_size and by_size[-1][0] > cached:
-                cached = by_size[-1][0]
+            largest = p.free.largest()
+            if largest > cached:
+                cached = largest
             releasable += p.free_segment_bytes
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 

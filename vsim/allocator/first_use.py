@@ -18,16 +18,20 @@ def first_use_residents(trace: Trace) -> dict[int, list[int]]:
     """op id -> the resident tensors created as that op launches: the first
     optimizer op or the first GEMM, or the first op that reads the tensor if that comes earlier."""
     pos = {op.id: i for i, op in enumerate(trace.ops)}
-    first_opt = next((op.id for op in trace.ops if op.phase == "opt"), None)
-    first_gemm = next((op.id for op in trace.ops if op_class(op) == "gemm"), None)
+    firsts: dict[str, int | None] = {}  # found on first need: a trace may have neither
     placed: dict[int, list[int]] = {}
     for t in trace.tensors:
         if t.producer is not None:
             continue
         if t.kind == "optimizer_state":
-            at = first_opt
+            if "opt" not in firsts:
+                firsts["opt"] = next((op.id for op in trace.ops if op.phase == "opt"), None)
+            at = firsts["opt"]
         elif t.kind == "temporary" and not t.consumers:
-            at = first_gemm
+            if "gemm" not in firsts:
+                firsts["gemm"] = next((op.id for op in trace.ops if op_class(op) == "gemm"),
+                                      None)
+            at = firsts["gemm"]
         else:
             continue
         readers = [c for c in t.consumers if c in pos]

@@ -23,7 +23,7 @@ class PooledAllocator(Allocator):
     def __init__(self, capacity_bytes: int, first_fit: bool) -> None:
         super().__init__(capacity_bytes)
         self.first_fit = first_fit
-        self.pool = BlockPool()
+        self.pool = BlockPool(by_address=first_fit)
         self.pool.add_segment(1 << 32, capacity_bytes, "pool", 0)
         self.reserved_bytes = capacity_bytes
         self.segment_allocs = 1

@@ -127,6 +127,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"{'' if summary.workers == 1 else 'es' if not args.scheduler else 's'}, "
               f"{summary.skipped} already "
               f"in {outputs[0]}, {len(summary.errors)} failed")
+        for spec, seconds in summary.slow_planning().items():
+            n = summary.planning[spec][0]
+            print(f"note: {spec} took {seconds:.2f} s of planning per configuration on average "
+                  f"({n} simulated here): its planner simulates the plans it weighs, and "
+                  "that, not the simulation, bounds this sweep's speed")
         for path in plots:
             print(f"plot: {path}")
     return 1 if summary.errors else 0

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import metrics
 from ..allocator import make_allocator
 from ..allocator.base import Allocator, AllocatorSpec
-from ..allocator.first_use import first_use_residents
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..host import HostModel, load_host_model
@@ -30,6 +30,7 @@ from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import floor
 from .hostclock import HostClock
+from .prep import trace_prep
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
 __all__ = ["PlanError", "SimResult", "planning_runner", "run_plan", "simulate"]
@@ -46,6 +47,9 @@ class SimResult:
                  simpy_events: int) -> None:
         self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
         self.simpy_events = simpy_events
+        # CPU seconds the policy took to plan (set by simulate; not part of the report, which
+        # is a pure function of the inputs)
+        self.plan_seconds = 0.0
         self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
         self._inputs = (trace, hw, policy, allocator, capacity, out)
@@ -101,12 +105,16 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     default: vsim's runtime, as measured. `tracker`: see run_plan."""
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
+    started = time.process_time()
     plan = policy.plan_with(trace, hw, capacity, planning_runner(
         allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
         host_time=host_time, tracked=tracked))
-    return run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
-                    workspace_fallback=workspace_fallback, host_time=host_time,
-                    tracked=tracked, label=policy.spec(), tracker=tracker)
+    planned = time.process_time() - started
+    result = run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
+                      workspace_fallback=workspace_fallback, host_time=host_time,
+                      tracked=tracked, label=policy.spec(), tracker=tracker)
+    result.plan_seconds = planned
+    return result
 
 
 def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: bool | None = None,
@@ -277,7 +285,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
     # only by workspace fallbacks (retimes), which cost the host nothing (hostclock).
     clock: HostClock | None = None
     if first_iteration:
-        first = Engine(trace, hw, plan, memory, first_use=first_use_residents(trace),
+        first = Engine(trace, hw, plan, memory, first_use=trace_prep(trace).first_use(),
                        fallback=fallback, host=host, tracked=tracked)
         out = first.run()
         if out.oom is not None:
@@ -287,8 +295,11 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         resident = first.resident_left()
         clock = first.clock
         plan = _with_fallbacks(plan, first.fell_back, fallback)
-        del first, out  # not reported: its log goes before the next iteration builds its own
-        gc.collect(0)  # (the engine is in reference cycles, and run_plan pauses the collector)
+        # Not reported: its log goes before the next iteration builds its own (discard, and no
+        # reference cycle holds an engine after its run: no collection needed, which cost a
+        # pass over every record made since run_plan paused the collector)
+        first.discard()
+        del first, out
     # Steady iterations until the allocator starts one as it started the one before (the two
     # are then equal, and so would every later one be), at most as many as a measured run
     # has: fragmentation that builds up over iterations ends a run in a later iteration.
@@ -308,8 +319,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
             break
         layout, resident = now, resident_next
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
-        del out, engine  # likewise
-        gc.collect(0)
+        engine.discard()  # likewise
+        del out, engine
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")
@@ -344,16 +355,17 @@ def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
     building that trace (tests/test_engine_metrics.py holds the two equal). Sums run in the
     predicted trace's op order so that they agree to the last bit."""
     executed = _in_start_order(out)
-    curve = engine_curve(out)
     end = out.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
+    peak_allocated, peak_reserved, avg_allocated = metrics.curve_figures(
+        out.memory.log, out.memory.allocator.has_segments, end)
     return {
         "iteration_time_us": end,
         "compute_time_us": sum(e.dur_us for e in executed),
         "stall_time_us": sum(e.stall_us for e in executed),
         "recompute_time_us": sum(e.dur_us for e in executed if e.recompute_of is not None),
-        "peak_allocated_bytes": max((a for _, a, _ in curve), default=0),
-        "peak_reserved_bytes": max((r for _, _, r in curve), default=0),
-        "avg_allocated_bytes": metrics.time_weighted_allocated(curve, end),
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "avg_allocated_bytes": avg_allocated,
         "h2d_bytes": sum(c.size_bytes for c in out.copies if c.direction == "h2d"),
         "d2h_bytes": sum(c.size_bytes for c in out.copies if c.direction == "d2h"),
     }

@@ -34,6 +34,8 @@ class Residency(enum.Enum):
 UNBORN, DEVICE, OFFLOADING, HOST = (Residency.UNBORN, Residency.DEVICE, Residency.OFFLOADING,
                                     Residency.HOST)
 PREFETCHING, DROPPED, FREED = Residency.PREFETCHING, Residency.DROPPED, Residency.FREED
+EVENT_FIELDS = 7  # (action, time_us, addr, size_bytes, stream, tensor, op): DeviceMemory.log
+
 # On the device for a reader: its data is there, whatever copy is in flight.
 RESIDENT = (DEVICE, OFFLOADING)
 
@@ -73,10 +75,28 @@ class DeviceMemory:
         self.pinned_limit_bytes = pinned_limit_bytes
         self.blocks: dict[int, object] = {}
         self.state: dict[int, Residency] = {}
-        self.events: list[tuple[str, float, int, int, int, int | None, int | None]] = []
+        # The log, flat: each event is EVENT_FIELDS consecutive items in MemEvent's order (a
+        # tuple per event made millions of containers the cyclic collector walked after the
+        # run, and 100 MB on a 1M-op run); `events` gives the tuples.
+        self.log: list[object] = []
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self._reserved_seen = 0
+        # The allocator's methods bound once: allocate and release run per tensor.
+        self._malloc, self._free = allocator.malloc, allocator.free
+        self._addr, self._size = allocator.block_addr, allocator.block_size
+        self._segments = allocator.has_segments
+
+    @property
+    def events(self) -> list[tuple[str, float, int, int, int, int | None, int | None]]:
+        """The log as tuples in MemEvent's field order (built on each call)."""
+        log = self.log
+        return list(zip(*(log[i::EVENT_FIELDS] for i in range(EVENT_FIELDS)),  # type: ignore
+                        strict=True))
+
+    @property
+    def event_count(self) -> int:
+        return len(self.log) // EVENT_FIELDS
 
     def where(self, tensor: int) -> Residency:
         return self.state.get(tensor, UNBORN)
@@ -87,15 +107,14 @@ class DeviceMemory:
 
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
                  state: Residency = DEVICE) -> bool:
-        a = self.allocator
-        block = a.malloc(size_bytes)
+        block = self._malloc(size_bytes)
         if block is None:
             return False
         self.blocks[tensor] = block
         self.state[tensor] = state
-        if a.has_segments:
+        if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
-        self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, op))
+        self.log += ("alloc", now, self._addr(block), self._size(block), 0, tensor, op)
         return True
 
     def adopt(self, tensor: int, block: object, now: float) -> None:
@@ -106,16 +125,15 @@ class DeviceMemory:
         self.state[tensor] = DEVICE
         if a.has_segments:
             self._segment_change(now)
-        self.events.append(("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor,
-                            None))
+        self.log += ("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, None)
 
     def request_free(self, tensor: int, now: float, op: int | None) -> None:
         """The program frees the tensor while a copy still reads its block: PyTorch counts it
         no longer allocated (free_requested) but keeps the block until `release`
         (free_completed)."""
         block = self.blocks[tensor]
-        self.events.append(("free_requested", now, self.allocator.block_addr(block),
-                            self.allocator.block_size(block), 0, tensor, op))
+        self.log += ("free_requested", now, self.allocator.block_addr(block),
+                     self.allocator.block_size(block), 0, tensor, op)
 
     def detach(self, tensor: int, now: float, op: int | None, new_state: Residency,
                requested: bool = False) -> object | None:
@@ -124,19 +142,18 @@ class DeviceMemory:
         now (unless `requested` already), the tensor moves to `new_state`; returns the block."""
         block = self.blocks.pop(tensor, None)
         if block is not None and not requested:
-            self.events.append(("free_requested", now, self.allocator.block_addr(block),
-                                self.allocator.block_size(block), 0, tensor, op))
+            self.log += ("free_requested", now, self.allocator.block_addr(block),
+                         self.allocator.block_size(block), 0, tensor, op)
         self.state[tensor] = new_state
         return block
 
     def give_back(self, block: object, tensor: int, now: float, op: int | None) -> None:
         """A detached block returns to the allocator (free_completed)."""
-        a = self.allocator
-        size = a.block_size(block)
-        addr = a.block_addr(block)
-        a.free(block)
-        self.events.append(("free_completed", now, addr, size, 0, tensor, op))
-        if a.has_segments:
+        size = self._size(block)
+        addr = self._addr(block)
+        self._free(block)
+        self.log += ("free_completed", now, addr, size, 0, tensor, op)
+        if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
 
     def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:
@@ -152,8 +169,7 @@ class DeviceMemory:
         reserved = self.allocator.reserved_bytes
         if reserved != self._reserved_seen:
             action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
-            self.events.append((action, now, 0, abs(reserved - self._reserved_seen), 0, None,
-                                None))
+            self.log += (action, now, 0, abs(reserved - self._reserved_seen), 0, None, None)
             self._reserved_seen = reserved
 
     def pin(self, size_bytes: int) -> bool:

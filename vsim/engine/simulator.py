@@ -34,6 +34,7 @@ from .memory import (
     OutOfMemory,
     Residency,
 )
+from .prep import Step, trace_prep
 from .transfers import D2H_STREAM, H2D_STREAM, Transfers
 
 __all__ = ["D2H_STREAM", "H2D_STREAM", "Engine", "EngineOutput", "ExecutedOp", "PlanError"]
@@ -64,25 +65,6 @@ class EngineOutput:
     oom: OutOfMemory | None
     end_us: float
     notes: list[str] = field(default_factory=list)
-
-
-Steps = dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]]
-Tables = tuple[dict[int, Tensor], dict[int, int], dict[int, Op], Steps]
-_TABLES: dict[int, tuple[Trace, Tables]] = {}
-
-
-def _tables(trace: Trace) -> Tables:
-    """The engine's read-only tables of `trace` (tensors and ops by id, sizes, stream steps),
-    kept for the last few traces (by identity: the entry holds the trace, so the id stays
-    its own)."""
-    got = _TABLES.get(id(trace))
-    if got is None or got[0] is not trace:
-        if len(_TABLES) >= 4:
-            del _TABLES[next(iter(_TABLES))]
-        got = _TABLES[id(trace)] = (trace, (
-            trace.tensor_by_id(), {t.id: t.size_bytes for t in trace.tensors},
-            {op.id: op for op in trace.ops}, Engine._stream_steps(trace)))
-    return got[1]
 
 
 class Engine:
@@ -121,13 +103,15 @@ class Engine:
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes,
                                    pinned_limit_bytes=hw.pinned_limit_bytes)
-        # Read-only tables of the trace, built once per trace (a run simulates up to 13
-        # iterations, each with its own Engine)
-        self.tensors, self.size, self.ops, self.streams = _tables(trace)
+        prep = trace_prep(trace)  # read only, shared by every run on the trace
+        self.prep = prep
+        self.tensors: dict[int, Tensor] = prep.tensors
+        self.size = prep.size
+        self.ops: dict[int, Op] = prep.ops
+        self.streams = prep.streams
         # SimPy events only for ops another stream waits for.
-        self.done: dict[int, simpy.Event] = {
-            d: self.env.event() for steps in self.streams.values() for *_, deps in steps
-            for d in deps}
+        event = self.env.event
+        self.done: dict[int, simpy.Event] = {d: event() for d in prep.waited}
         self.completed: set[int] = set()              # ops past their end and any sync
         self.finished: set[int] = set()               # ops that have ended
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
@@ -143,37 +127,16 @@ class Engine:
 
     # ------------------------------------------------------------ setup
 
-    @staticmethod
-    def _stream_steps(trace: Trace) -> Steps:
-        """Per stream, its ops in order, each with what the short path needs, computed once:
-        the GPU idle time before it in the recording on its stream (the launch gap), what it
-        reads that it does not write itself (a trace may list an op's own output or workspace
-        among its reads), and its deps on other streams (a dep on its own stream has ended
-        before it: a stream runs its ops in order)."""
-        streams: dict[int, list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]] = {}
-        last_end: dict[int, float] = {}
-        stream_of: dict[int, int] = {}
-        for op in trace.ops:
-            stream_of[op.id] = op.stream
-            prev = last_end.get(op.stream, 0.0)
-            gap = op.start_us - prev if op.start_us > prev else 0.0
-            end = op.start_us + op.dur_us
-            last_end[op.stream] = end if end > prev else prev
-            reads = op.reads
-            if op.writes and not set(op.writes).isdisjoint(reads):
-                reads = tuple(t for t in reads if t not in op.writes)
-            deps = tuple(d for d in op.deps if stream_of[d] != op.stream) if op.deps else ()
-            streams.setdefault(op.stream, []).append((op, gap, reads, deps))
-        return streams
-
     def run(self) -> EngineOutput:
         pool = self.plan.pinned_pool_bytes
         if pool > self.hw.pinned_limit_bytes:  # the pool is pinned before anything runs
             self._stop(OutOfMemory(None, -1, pool, self.hw.pinned_limit_bytes,
                                    self.hw.pinned_limit_bytes, memory="pinned host"))
         elif self._allocate_resident():
-            procs = [self.env.process(self._stream(steps)) for steps in self.streams.values()]
-            self.env.process(self._finish(procs))
+            gens = [self._stream(steps) for steps in self.streams.values()]
+            procs = [self.env.process(gen) for gen in gens]
+            gens.append(self._finish(procs))
+            self.env.process(gens[-1])
             try:
                 self.env.run(until=self.halt)
             except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
@@ -184,6 +147,16 @@ class Engine:
                                 f"finishes, nor {len(stuck) - 1} other ops (a sync or an "
                                 "allocation waits for a copy or a release that waits for "
                                 "them)") from None
+            finally:
+                # No reference cycle outlives the run: a stream stopped part-way (out of memory)
+                # holds the engine in its frame, which SimPy's queue holds, and the copies call
+                # back into it (Transfers.close). Left alone, the engine with its records (a
+                # 1M-op run: millions) and the trace waited for the cyclic collector (3 s at
+                # exit on such a run).
+                for gen in gens:
+                    gen.close()
+                self.transfers.close()
+        self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
                   [c.start_us + c.dur_us for c in copies] + [0.0])
@@ -214,19 +187,32 @@ class Engine:
     def _allocate_resident(self) -> bool:
         """Weights, optimizer state, inputs: on the GPU before the first op (unless created at
         first use, or already there from a previous iteration)."""
-        for t in self.trace.tensors:
-            if t.producer is None and t.id not in self.awaiting:
-                block = self.resident_blocks.get(t.id)
+        for t in self.prep.resident:
+            if t not in self.awaiting:
+                block = self.resident_blocks.get(t)
                 if block is not None:
-                    self.memory.adopt(t.id, block, self.env.now)
-                elif not self._alloc(t.id, None):
+                    self.memory.adopt(t, block, self.env.now)
+                elif not self._alloc(t, None):
                     return False
         return True
+
+    def discard(self) -> None:
+        """After run() and resident_left(), for an iteration that is not reported: drop its
+        logs and per-op records. The engine sits in reference cycles (its SimPy processes
+        hold it), so without this they would wait for the cyclic collector, whose pass over
+        them cost more than the drop (a 1M-op run: millions of records)."""
+        self.executed.clear()
+        self.memory.log.clear()
+        self.memory.state.clear()
+        self.memory.blocks.clear()
+        self.completed.clear()
+        self.finished.clear()
+        self.done.clear()
 
     def resident_left(self) -> dict[int, object]:
         """After run(): give back every block but the resident tensors'; their blocks (tensor
         -> block), for the next iteration to adopt."""
-        resident = {t.id for t in self.trace.tensors if t.producer is None}
+        resident = set(self.prep.resident)
         kept = {}
         for t, block in list(self.memory.blocks.items()):
             if t in resident:
@@ -290,17 +276,20 @@ class Engine:
 
     # ------------------------------------------------------------ compute streams
 
-    def _stream(self, steps: list[tuple[Op, float, tuple[int, ...], tuple[int, ...]]]
-                ) -> Generator[simpy.Event, Any, None]:
+    def _stream(self, steps: list[Step]) -> Generator[simpy.Event, Any, None]:
         """Run a stream's ops in order. The common case (no action of the plan on the op, no
         copy or other stream to wait for, everything it reads on the GPU) stays on a short path:
         it is most ops of most runs, and the engine's speed is the speed of this loop."""
         env, index, state, transfers = self.env, self.index, self.memory.state, self.transfers
+        queue = env._queue  # noqa: SLF001  (SimPy's event heap: (time, priority, id, event))
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
         wait_for_memory = self.plan.wait_for_memory
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         clock, driver_calls = self.clock, self.allocator.driver_calls
         retries = self.allocator.retries_after_pending_frees
+        done, completed = self.done, self.completed
+        executed_append, finished_add = self.executed.append, self.finished.add
+        state_get, h2d_used, release = state.get, transfers.h2d_used, self.memory.release
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -309,8 +298,18 @@ class Engine:
                 issued = clock.ready_us(oid)  # the GPU waits for the host to issue it
                 self.host_wait_us += issued - (ready if ready > env.now else env.now)
                 ready = issued
-            if ready > env.now:
-                yield env.timeout(ready - env.now)
+            now = env._now  # noqa: SLF001
+            if ready > now:
+                # Fast-forward: a timeout that would be the next event processed (the queue
+                # holds nothing until its time) is skipped and the clock set as processing it
+                # would set it (SimPy: now + delay); this process is always resumed by an event
+                # it alone waits for, so no other callback runs between. Half the SimPy
+                # events of a run with one busy stream.
+                then = now + (ready - now)
+                if queue and queue[0][0] <= then:
+                    yield env.timeout(ready - now)
+                else:
+                    env._now = then  # noqa: SLF001
             if awaiting and not self._create_at_first_use(op):
                 return
             # Whether the plan hangs anything on the op (a workspace fallback below adds one)
@@ -322,15 +321,17 @@ class Engine:
                 for pre in index.prefetch_at.get(oid, ()):
                     transfers.prefetch(pre)
                 recomputes = index.recompute_before.get(oid, ())
-            waits: list[simpy.Event] = []
-            if transfers.host_blocking:
-                # Pageable copies are synchronous for the host: nothing launches until they end.
-                waits = transfers.take_host_blocking()
-            for d in cross_deps:
-                if not self.done[d].triggered:
-                    waits.append(self.done[d])
-            if waits:
-                yield env.all_of(waits)
+            if transfers.host_blocking or cross_deps:
+                waits: list[simpy.Event] = []
+                if transfers.host_blocking:
+                    # Pageable copies are synchronous for the host: nothing launches until
+                    # they end.
+                    waits = transfers.take_host_blocking()
+                for d in cross_deps:
+                    if not done[d].triggered:
+                        waits.append(done[d])
+                if waits:
+                    yield env.all_of(waits)
             # Only now, with its deps done, is what it reads from other streams produced.
             on_device = True
             for t in reads_in:
@@ -341,11 +342,11 @@ class Engine:
                 waits = self._reads_ready(op, recomputes)
                 if waits:
                     yield env.all_of(waits)
-            stall = env.now - ready
+            stall = env._now - ready  # noqa: SLF001
             for rc in recomputes:
                 if not (yield from self._recompute(rc, op)):
                     return
-            wait_start = env.now
+            wait_start = env._now  # noqa: SLF001
             if wait_for_memory or acted:
                 if not (yield from self._allocate_outputs(op)):
                     return
@@ -354,7 +355,7 @@ class Engine:
                     transfers.offload(off)
                 acted = acted or oid in retime  # or it fell back
             else:
-                now = env.now
+                now = wait_start
                 for i, t in enumerate(op.writes):
                     if not allocate(t, size[t], now, oid):
                         if retries and transfers.releasing_memory("any"):
@@ -374,24 +375,38 @@ class Engine:
                 yield from self._driver_calls(oid)
                 stall += env.now - churn_start
             dur = self._duration(op) if acted or transfers.in_flight else op.dur_us
-            start = env.now
+            start = env._now  # noqa: SLF001
             if dur > 0:
-                yield env.timeout(dur)
+                then = start + dur  # fast-forward, as above
+                if queue and queue[0][0] <= then:
+                    yield env.timeout(dur)
+                else:
+                    env._now = then  # noqa: SLF001
             executed = ExecutedOp(op, start, dur, stall)
             if acted and oid in retime and retime[oid].workspace_bytes == 0:
                 executed.without_workspace = True
-            self.executed.append(executed)
-            self._after(op)
+            executed_append(executed)
+            if oid in acts_after or transfers.awaiting_release:
+                self._after(op)
+            else:  # _after's common case: no copy waits for the op, no action after it
+                finished_add(oid)
+                if op.frees:
+                    now = env._now  # noqa: SLF001
+                    for t in op.frees:
+                        if state_get(t) is DEVICE and t not in h2d_used:
+                            release(t, now, oid, FREED)
+                        else:
+                            self._free(t, oid)
             if oid in acts_after and oid in index.sync_after:
                 sync_start = env.now
                 inflight = transfers.in_flight_events()
                 if inflight:
                     yield env.all_of(inflight)
                 self.executed[-1].stall_us += env.now - sync_start
-            prev_end = env.now
-            self.completed.add(oid)
-            if oid in self.done:
-                self.done[oid].succeed()
+            prev_end = env._now  # noqa: SLF001
+            completed.add(oid)
+            if oid in done:
+                done[oid].succeed()
 
     def _reads_ready(self, op: Op, recomputes: Sequence[Recompute] = ()) -> list[simpy.Event]:
         """Events the op must wait for so that everything it reads is on the GPU.
@@ -497,13 +512,15 @@ class Engine:
         if acted:  # an offload issued after the op sees the tensors it frees still there
             for off in self.index.offload_after.get(oid, ()):
                 transfers.offload(off)
-        state = self.memory.state
         h2d_used = transfers.h2d_used
-        for t in op.frees:
-            if state.get(t) is DEVICE and t not in h2d_used:  # the common case
-                self.memory.release(t, self.env.now, oid, FREED)
-            else:
-                self._free(t, oid)
+        if op.frees:
+            memory = self.memory
+            state, now = memory.state, self.env.now
+            for t in op.frees:
+                if state.get(t) is DEVICE and t not in h2d_used:  # the common case
+                    memory.release(t, now, oid, FREED)
+                else:
+                    self._free(t, oid)
         if not acted:
             return
         for t in self.index.release_after.get(oid, ()):

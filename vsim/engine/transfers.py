@@ -68,6 +68,7 @@ class Transfers:
         self._release_at_end: dict[int, list[int]] = defaultdict(list)  # ... copied out
         self._free_pending: set[int] = set()           # freed by the trace while copied
         self._procs: list[simpy.Process] = []          # offload and prefetch processes
+        self._gens: list[Generator[simpy.Event, Any, Any]] = []  # ... and their generators
         # Copy streams' events on freed blocks (record_stream): PyTorch records an event on each
         # stream that used a block when the program frees it, and reuses the block only once
         # that event has passed, i.e. once every copy issued on that stream before the free has
@@ -80,6 +81,18 @@ class Transfers:
         self.h2d_used: set[int] = set()                # blocks a prefetch wrote (record_stream)
 
     # ------------------------------------------------------------ what the engine asks
+
+    def _start(self, gen: Generator[simpy.Event, Any, Any]) -> None:
+        self._gens.append(gen)
+        self._procs.append(self.env.process(gen))
+
+    def close(self) -> None:
+        """After the run: end every copy process still suspended (an out-of-memory run stops
+        with copies in flight) and drop the engine's callbacks, so that no reference cycle
+        keeps the run's records alive (Engine.run)."""
+        for gen in self._gens:
+            gen.close()
+        self.allocate = self.stop = _has_run
 
     def alive(self) -> list[simpy.Process]:
         """Copy processes still running (the iteration ends when they do)."""
@@ -202,7 +215,7 @@ class Transfers:
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._copied_out[t])
-        self._procs.append(self.env.process(self._offload(t, off.at_op, release_after)))
+        self._start(self._offload(t, off.at_op, release_after))
 
     def _offload(self, t: int, at_op: int, release_after: int
                  ) -> Generator[simpy.Event, Any, None]:
@@ -259,7 +272,7 @@ class Transfers:
             return
         done = self.env.event()
         self._returning.append(done)
-        self._procs.append(self.env.process(self._give_back(block, t, op, waits, done)))
+        self._start(self._give_back(block, t, op, waits, done))
 
     def _give_back(self, block: object, t: int, op: int | None, waits: list[simpy.Event],
                    done: simpy.Event) -> Generator[simpy.Event, Any, None]:
@@ -277,7 +290,7 @@ class Transfers:
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._prefetched[t])
-        self._procs.append(self.env.process(self._prefetch(pre)))
+        self._start(self._prefetch(pre))
 
     def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
         t = pre.tensor
@@ -305,3 +318,7 @@ class Transfers:
             self.h2d_used.discard(t)
             self.memory.release(t, self.env.now, pre.needed_by, FREED)
         done.succeed()
+
+
+def _has_run(*_: object) -> Any:
+    raise RuntimeError("the run is over: its copies can no longer allocate or stop it")

@@ -410,6 +410,12 @@ def recompute_us(view: TraceView, plan: Plan) -> float:
                for o in a.ops)
 
 
+DP_BUDGET_LADDER = tuple(round(1 - 0.05 * i, 2) for i in range(1, 11))
+"""Fractions of the capacity (0.95 down to 0.5) for which recompute optimal also plans the DP
+and runs its plan once, as a candidate (each costs a DP: 0.1-0.2 s on resnet50; at 0.1 apart
+vgg16(256) was not monotone)."""
+
+
 def every_k_range(n: int) -> list[int]:
     """The k that optimal tries every-k at: every k up to 16, then about 1.5 times apart, up
     to n (one segment)."""
@@ -461,14 +467,22 @@ class Checkpointing(FittedPolicy):
             return lambda budget, forced: anchor_prefetches(view, pol.plan_for(
                 Attempt(trace, hw, view, budget, forced, self.algo)))
 
-        # Nothing recomputed is the fastest plan there is: when it fits, it is the answer.
+        # Nothing recomputed is the fastest plan there is when it fits at the time of the
+        # iteration with memory to spare (`floor`, below which no candidate runs): then it is
+        # the answer. It may fit only slower, its convolutions without their workspaces
+        # (algo=auto, or PyTorch's fallback as run): then it is the best so far and the
+        # candidates that recompute may beat it. (Returned whenever it fit, it made a wider
+        # card pick a slower plan: vgg16(128) at 11.2 GiB ran 211.6 ms without recomputation,
+        # at 9.6 GiB 150.1 ms with; issue 18.)
         keep = anchor_prefetches(view, dataclasses.replace(self, strategy="every-k", k=1)
                                  .plan_for(Attempt(trace, hw, view, capacity_bytes, frozenset(),
                                                    self.algo)))
-        if recompute_us(view, keep) == 0 and judge.time_if_fits(keep) is not None:
+        keep_us = judge.time_if_fits(keep) if recompute_us(view, keep) == 0 else None
+        floor = self._free_time(run_plan, trace, hw, capacity_bytes)
+        if keep_us is not None and keep_us <= floor * (1 + 1e-9):
             return dataclasses.replace(keep, notes=(
                 *keep.notes, "recompute optimal: nothing needs recomputing (the plan without "
-                "recomputation fits as run)"))
+                "recomputation fits as run, as fast as with memory to spare)"))
         n = Segmenter.of(view).n
         cands: list[tuple[str, PlanBuilder]] = [("the DP's segmentation", builder(self))]
         cands.append(("sqrt", builder(dataclasses.replace(self, strategy="sqrt"))))
@@ -477,7 +491,6 @@ class Checkpointing(FittedPolicy):
         # Candidates in order of their recomputation time; one that cannot beat the best found
         # is not run: its time unpressed plus its recomputation (retimes only slow ops down)
         # or, for sqrt and every-k and their loops, its host issue time (judge.floor) is above.
-        floor = self._free_time(run_plan, trace, hw, capacity_bytes)
         plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
                         for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
         # sqrt and every-k drop the same maps at every budget (only workspaces change): one
@@ -490,10 +503,12 @@ class Checkpointing(FittedPolicy):
                  lean.usage([a for a in c[3].actions if isinstance(a, (Drop, RecomputeAction))]
                             ).peak <= capacity_bytes]
         best: tuple[float, str, Plan] | None = None
+        if keep_us is not None:
+            best = (keep_us, "no recomputation", keep)
         lows = {id(c[3]): 0.0 if c[2] is cands[0][1] else judge.floor(c[3]) for c in plans}
 
         def hopeless(rc_us: float, plan: Plan) -> bool:
-            low = max(floor + rc_us, lows[id(plan)])
+            low = max(floor + rc_us, lows.get(id(plan), 0.0))
             return best is not None and low * (1 - 1e-9) >= best[0]
 
         for rc_us, what, _, plan in plans:
@@ -502,6 +517,20 @@ class Checkpointing(FittedPolicy):
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
                 best = (us, what, plan)
+        # The DP's plans for lower budgets too, highest first, each run once as it is, until
+        # one cannot beat the best found (a lower budget recomputes more): a plan that fits a
+        # smaller card fits this one, but the profiling loop below, from this capacity down,
+        # need not come upon it (the workspaces it downgrades accumulate along its path).
+        # Without them vgg16(256) chose every-k k=2 at 18.5 GiB (402 ms) where at 15.4 GiB it
+        # found the DP's plan for 15.8 GB (273 ms at 18.5 GiB); issue 18.
+        for f in DP_BUDGET_LADDER:
+            plan = cands[0][1](int(capacity_bytes * f), frozenset())
+            rc_us = recompute_us(view, plan)
+            if hopeless(rc_us, plan):
+                break
+            us = judge.time_if_fits(plan)
+            if us is not None and (best is None or us < best[0]):
+                best = (us, f"the DP's segmentation for {f:.0%} of the capacity", plan)
         # Then each one's profiling loop, and last its escalation (a ladder of budgets and a
         # bisection, fitted.fit_by_profiling), as the candidate's own policy would run them:
         # so optimal fits whenever sqrt or an every-k fits by its own loop and escalation. (The

@@ -9,6 +9,7 @@ on load and an error names the file and the JSON path of the first bad value.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -297,19 +298,22 @@ class _Reader:
         tensors = tuple(self.tensor(t, f"vsim.tensors[{i}]") for i, t in
                         enumerate(self.lst(self.key(sidecar, "tensors", "vsim"), "vsim.tensors")))
         events = self.lst(self.key(doc, "traceEvents", ""), "traceEvents")
-        ops: list[tuple[Op, int]] = []  # (op, index of its event)
+        ops: list[Op] = []
+        where: list[int] = []  # the index of each op's event (for messages)
         copies: list[Copy] = []
         mem: list[MemEvent] = []
         counters: list[dict[str, Any]] = []
         for i, ev in enumerate(events):
             if type(ev) is Op:  # read as the document was parsed (load_trace)
-                ops.append((ev, i))
+                ops.append(ev)
+                where.append(i)
                 continue
             path = f"traceEvents[{i}]"
             ev = self.obj(ev, path)
             ph, cat = ev.get("ph"), ev.get("cat")
             if ph == "X" and cat == "op":
-                ops.append((self.op(ev, path), i))
+                ops.append(self.op(ev, path))
+                where.append(i)
             elif ph == "X" and cat == "copy":
                 copies.append(self.copy(ev, path))
             elif ph == "i" and cat == "mem":
@@ -319,8 +323,8 @@ class _Reader:
                 counters.append(ev)
             elif not isinstance(ph, str):
                 raise self.fail(f"{path}.ph", f"expected a phase string, got {ph!r}")
-        self.check_graph(tensors, ops)
-        return Trace(meta=meta, tensors=tensors, ops=tuple(op for op, _ in ops),
+        self.check_graph(tensors, ops, where)
+        return Trace(meta=meta, tensors=tensors, ops=tuple(ops),
                      measured=measured, copies=tuple(copies), mem_events=tuple(mem),
                      counters=tuple(counters))
 
@@ -424,9 +428,13 @@ class _Reader:
             tensor=None if tensor is None else self.integer(tensor, f"{ap}.tensor"),
             op=None if op is None else self.integer(op, f"{ap}.op"))
 
-    def check_graph(self, tensors: tuple[Tensor, ...], ops: list[tuple[Op, int]]) -> None:
+    def check_graph(self, tensors: tuple[Tensor, ...], ops: list[Op], where: list[int]
+                    ) -> None:
         """Ids unique and known, deps only backwards, producers consistent, no use after free,
-        and no use across streams without a dependency (see `_StreamOrder`)."""
+        and no use across streams without a dependency (see `_StreamOrder`). `where`: the
+        index of each op's event in traceEvents. Written for speed (once per op of every
+        trace): paths are formatted only for an error, and the three lists of an op have a
+        loop each, checking in the order of the messages below."""
         by_id: dict[int, Tensor] = {}
         for i, t in enumerate(tensors):
             if t.id in by_id:
@@ -436,49 +444,77 @@ class _Reader:
         last = -1
         freed: dict[int, int] = {}
         written: set[int] = set()
-        order = _StreamOrder(len({op.stream for op, _ in ops}) > 1)
-        for op, index in ops:
-            path = f"traceEvents[{index}]"
-            if op.id in op_ids:
-                raise self.fail(f"{path}.args.op", f"duplicate op id {op.id}")
-            if op.id <= last:
-                raise self.fail(f"{path}.args.op", f"op ids must increase in trace order "
-                                f"({op.id} after {last})")
-            last = op.id
-            for j, dep in enumerate(op.deps):
-                if dep not in op_ids:
-                    raise self.fail(f"{path}.args.deps[{j}]", f"op {dep} is not an earlier op "
-                                    "(dependencies must point backwards; a cycle or unknown op)")
-            order.enter(op)
-            for field_name in ("reads", "writes", "frees"):
-                ids = getattr(op, field_name)
-                repeat = _first_repeat(ids) if field_name != "reads" else -1
-                for j, tid in enumerate(ids):
-                    problem = None  # the place is formatted only for an error (1M ops)
+        order = _StreamOrder(len({op.stream for op in ops}) > 1)
+        ordered = order.enabled
+        for n, op in enumerate(ops):
+            oid = op.id
+            if oid in op_ids:
+                raise self.fail(f"traceEvents[{where[n]}].args.op", f"duplicate op id {oid}")
+            if oid <= last:
+                raise self.fail(f"traceEvents[{where[n]}].args.op", f"op ids must increase in "
+                                f"trace order ({oid} after {last})")
+            last = oid
+            if op.deps:
+                for j, dep in enumerate(op.deps):
+                    if dep not in op_ids:
+                        raise self.fail(f"traceEvents[{where[n]}].args.deps[{j}]",
+                                        f"op {dep} is not an earlier op (dependencies must "
+                                        "point backwards; a cycle or unknown op)")
+            if ordered:
+                order.enter(op)
+            for j, tid in enumerate(op.reads):
+                rec = by_id.get(tid)
+                if rec is None:
+                    problem: str | None = f"tensor {tid} does not exist"
+                elif tid in freed:
+                    problem = f"tensor {tid} was freed by op {freed[tid]}"
+                else:
+                    producer = rec.producer
+                    if producer is not None and producer != oid and producer not in op_ids:
+                        problem = f"tensor {tid} is produced later, by op {producer}"
+                    else:
+                        problem = order.use(op, tid, producer, False) if ordered else None
+                if problem:
+                    raise self.fail(f"traceEvents[{where[n]}].args.reads[{j}]", problem)
+            writes = op.writes
+            if writes:
+                repeat = _first_repeat(writes) if len(writes) > 1 else -1
+                for j, tid in enumerate(writes):
                     if tid not in by_id:
                         problem = f"tensor {tid} does not exist"
                     elif j == repeat:
                         problem = f"tensor {tid} is listed twice"
-                    elif tid in freed and field_name != "writes":
+                    else:
+                        continue
+                    raise self.fail(f"traceEvents[{where[n]}].args.writes[{j}]", problem)
+            frees = op.frees
+            if frees:
+                repeat = _first_repeat(frees) if len(frees) > 1 else -1
+                for j, tid in enumerate(frees):
+                    rec = by_id.get(tid)
+                    if rec is None:
+                        problem = f"tensor {tid} does not exist"
+                    elif j == repeat:
+                        problem = f"tensor {tid} is listed twice"
+                    elif tid in freed:
                         problem = f"tensor {tid} was freed by op {freed[tid]}"
-                    elif field_name != "writes":
-                        producer = by_id[tid].producer
-                        if producer is not None and producer != op.id and \
-                                producer not in op_ids:
+                    else:
+                        producer = rec.producer
+                        if producer is not None and producer != oid and producer not in op_ids:
                             problem = f"tensor {tid} is produced later, by op {producer}"
                         else:
-                            problem = order.use(op, tid, producer, field_name == "frees")
+                            problem = order.use(op, tid, producer, True) if ordered else None
                     if problem:
-                        raise self.fail(f"{path}.args.{field_name}[{j}]", problem)
-            for j, tid in enumerate(op.writes):
-                if by_id[tid].producer != op.id:
-                    raise self.fail(f"{path}.args.writes[{j}]",
+                        raise self.fail(f"traceEvents[{where[n]}].args.frees[{j}]", problem)
+            for j, tid in enumerate(writes):
+                if by_id[tid].producer != oid:
+                    raise self.fail(f"traceEvents[{where[n]}].args.writes[{j}]",
                                     f"tensor {tid} lists producer {by_id[tid].producer}, "
-                                    f"not op {op.id}")
+                                    f"not op {oid}")
                 written.add(tid)
-            for tid in op.frees:
-                freed[tid] = op.id
-            op_ids.add(op.id)
+            for tid in frees:
+                freed[tid] = oid
+            op_ids.add(oid)
         for i, t in enumerate(tensors):
             if t.producer is not None and t.producer not in op_ids:
                 raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not exist")
@@ -493,15 +529,46 @@ class _Reader:
 _PHASE = {p: p for p in PHASES}  # one shared string per phase, not one per op
 
 
+def _builder(cls: type) -> Callable[..., Any]:
+    """A positional constructor (every field, in order) of a frozen slots dataclass that sets
+    each slot through its descriptor: the dataclass's own __init__ sets each field through
+    object.__setattr__ (it is frozen), twice as slow (an Op: 2.9 -> 1.5 us, a 1M-op trace's
+    load builds 1.6M records). The same object as cls(*fields): these classes have no
+    __post_init__ (tests/test_trace_io.py holds the two equal)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"set_{n}": cls.__dict__[n].__set__ for n in names})
+    body = "".join(f"    set_{n}(obj, {n})\n" for n in names)
+    exec(f"def build({', '.join(names)}):\n    obj = new(cls)\n{body}    return obj\n", scope)
+    build: Callable[..., Any] = scope["build"]
+    return build
+
+
+_new_op, _new_kernel, _new_tensor = _builder(Op), _builder(Kernel), _builder(Tensor)
+
+
 def _ids(value: Any, ints: dict[int, int] | None = None) -> tuple[int, ...] | None:
     if type(value) is not list:
         return None
+    n = len(value)
+    if n == 0:
+        return ()
+    if n == 1:  # (most lists of most ops: one or two ids, written out, a third of the time)
+        v = value[0]
+        if type(v) is not int or v < 0:
+            return None
+        return (v,) if ints is None else (ints.setdefault(v, v),)
+    if n == 2:
+        a, b = value
+        if type(a) is not int or a < 0 or type(b) is not int or b < 0:
+            return None
+        return (a, b) if ints is None else (ints.setdefault(a, a), ints.setdefault(b, b))
     for v in value:
         if type(v) is not int or v < 0:
             return None
-    if ints is None or not value:
+    if ints is None:
         return tuple(value)
-    return tuple(map(ints.setdefault, value, value))
+    return tuple(map(ints.setdefault, value, value))  # (one int object per id: see load_trace)
 
 
 def _t(value: Any) -> bool:
@@ -509,41 +576,59 @@ def _t(value: Any) -> bool:
     return (type(value) is float or type(value) is int) and 0 <= value <= MAX_TIME_US
 
 
+_EMPTY: list[Any] = []  # (read only) the default of a missing list
+
+
 def _fast_op(ev: dict[str, Any], ints: dict[int, int] | None = None) -> Op | None:
     """The Op of a well-formed event without formatting a JSON path for every field (a 1M-op
     trace spent most of its load there), or None for anything unusual: `_Reader.op` then
-    checks field by field and names the first bad value. Accepts exactly what that accepts."""
+    checks field by field and names the first bad value. Accepts exactly what that accepts.
+    The checks are written out (no helper calls): this runs once per op of every trace."""
     args = ev.get("args")
     if type(args) is not dict or "attrs" in args:
         return None
-    oid, name, layer, layer_type = args.get("op"), ev.get("name"), args.get("layer"), \
-        args.get("layer_type")
-    phase = _PHASE.get(args.get("phase"))  # type: ignore[arg-type]
-    ts, dur, stream = ev.get("ts"), ev.get("dur"), ev.get("tid")
-    flops, dram = args.get("flops", 0.0), args.get("dram_bytes", 0.0)
-    if not (type(oid) is int and oid >= 0 and type(name) is str and type(layer) is str
-            and type(layer_type) is str and phase is not None and _t(ts) and _t(dur)
-            and type(stream) is int and stream >= 0 and _finite(flops) and _finite(dram)):
+    get = args.get
+    try:  # (subscripts: cheaper than get; a missing key or an unhashable phase goes slow)
+        oid, name, layer, layer_type = args["op"], ev["name"], args["layer"], args["layer_type"]
+        phase = _PHASE.get(args["phase"])
+        ts, dur, stream = ev["ts"], ev["dur"], ev["tid"]
+    except (KeyError, TypeError):
         return None
-    reads, writes = _ids(args.get("reads", []), ints), _ids(args.get("writes", []), ints)
-    frees, deps = _ids(args.get("frees", []), ints), _ids(args.get("deps", []), ints)
+    flops, dram = get("flops", 0.0), get("dram_bytes", 0.0)
+    if not (type(oid) is int and oid >= 0 and type(name) is str and type(layer) is str
+            and type(layer_type) is str and phase is not None
+            and (type(ts) is float or type(ts) is int) and 0 <= ts <= MAX_TIME_US
+            and (type(dur) is float or type(dur) is int) and 0 <= dur <= MAX_TIME_US
+            and type(stream) is int and stream >= 0
+            and (type(flops) is float or type(flops) is int) and 0 <= flops < math.inf
+            and (type(dram) is float or type(dram) is int) and 0 <= dram < math.inf):
+        return None
+    reads, writes = _ids(get("reads", _EMPTY), ints), _ids(get("writes", _EMPTY), ints)
+    frees, deps = _ids(get("frees", _EMPTY), ints), _ids(get("deps", _EMPTY), ints)
     if reads is None or writes is None or frees is None or deps is None:
         return None
-    kernels = []
-    raw_kernels = args.get("kernels", [])
+    raw_kernels = get("kernels", _EMPTY)
     if type(raw_kernels) is not list:
         return None
-    for k in raw_kernels:
-        if not (type(k) is list and len(k) == 4 and type(k[0]) is str and type(k[1]) is int
-                and k[1] >= 0 and _t(k[2]) and _t(k[3])):
-            return None
-        kernels.append(Kernel(k[0], k[1], float(k[2]), float(k[3])))
+    kernels: tuple[Kernel, ...] = ()
+    if raw_kernels:
+        made = []
+        for k in raw_kernels:
+            if not (type(k) is list and len(k) == 4):
+                return None
+            kname, kstream, kts, kdur = k
+            if not (type(kname) is str and type(kstream) is int and kstream >= 0
+                    and (type(kts) is float or type(kts) is int) and 0 <= kts <= MAX_TIME_US
+                    and (type(kdur) is float or type(kdur) is int)
+                    and 0 <= kdur <= MAX_TIME_US):
+                return None
+            made.append(_new_kernel(kname, kstream, float(kts), float(kdur)))
+        kernels = tuple(made)
     if ints is not None:  # and a layer's name once for its forward and backward ops
         oid, layer = ints.setdefault(oid, oid), sys.intern(layer)
-    return Op(id=oid, name=name, layer=layer, layer_type=sys.intern(layer_type), phase=phase,
-              start_us=float(ts), dur_us=float(dur),  # type: ignore[arg-type]
-              stream=stream, reads=reads, writes=writes, frees=frees, deps=deps,
-              kernels=tuple(kernels), flops=float(flops), dram_bytes=float(dram))
+    op: Op = _new_op(oid, name, layer, sys.intern(layer_type), phase, float(ts), float(dur),
+                     stream, reads, writes, frees, deps, kernels, float(flops), float(dram), ())
+    return op
 
 
 _KIND = {k: k for k in TENSOR_KINDS}
@@ -554,9 +639,13 @@ def _fast_tensor(t: Any, ints: dict[int, int] | None = None) -> Tensor | None:
     `_Reader.tensor` names the first bad value); accepts exactly what that accepts."""
     if type(t) is not dict:
         return None
-    tid, size, name = t.get("id"), t.get("bytes"), t.get("name", "")
-    kind, producer = _KIND.get(t.get("kind")), t.get("producer")  # type: ignore[arg-type]
-    consumers = _ids(t.get("consumers", []), ints)
+    get = t.get
+    tid, size, name = get("id"), get("bytes"), get("name", "")
+    kind, producer = get("kind"), get("producer")
+    if type(kind) is not str:
+        return None  # (an unhashable one would raise in the lookup below)
+    kind = _KIND.get(kind)
+    consumers = _ids(get("consumers", _EMPTY), ints)
     if not (type(tid) is int and tid >= 0 and type(size) is int and 0 <= size <= MAX_BYTES
             and kind is not None and type(name) is str and consumers is not None
             and (producer is None or (type(producer) is int and producer >= 0))):
@@ -564,8 +653,8 @@ def _fast_tensor(t: Any, ints: dict[int, int] | None = None) -> Tensor | None:
     if ints is not None:
         tid = ints.setdefault(tid, tid)
         producer = None if producer is None else ints.setdefault(producer, producer)
-    return Tensor(id=tid, size_bytes=size, kind=kind, name=name, producer=producer,
-                  consumers=consumers)
+    tensor: Tensor = _new_tensor(tid, size, kind, name, producer, consumers)
+    return tensor
 
 
 def _finite(value: Any) -> bool:

@@ -87,13 +87,18 @@ class StreamOrder:
         """Why this read or free of `tensor` by `op` is unordered, or None."""
         if not self.enabled:
             return None
-        if producer is not None and producer != op.id and not self._before(producer, op):
+        # (a producer on the op's own stream entered before it, so runs before it: no search)
+        if producer is not None and producer != op.id \
+                and self.where[producer][0] != op.stream and not self._before(producer, op):
             return (f"tensor {tensor} is produced by op {producer} on stream "
                     f"{self.where[producer][0]} and used on stream {op.stream} with no "
                     f"dependency on it (list op {producer} in deps)")
-        readers = self.readers.setdefault(tensor, {})
+        readers = self.readers.get(tensor)
+        if readers is None:  # (setdefault would build a dict on every call)
+            readers = self.readers[tensor] = {}
         if frees:
-            for stream, reader in sorted(readers.items()):
+            for stream, reader in (sorted(readers.items()) if len(readers) > 1
+                                   else readers.items()):
                 if stream != op.stream and not self._before(reader, op):
                     return (f"tensor {tensor} is freed on stream {op.stream} while op {reader} "
                             f"on stream {stream} reads it with no dependency on it (list op "

@@ -1,0 +1,93 @@
+"""What the engine derives from a trace alone, computed once per trace and shared by every run
+on it: a caching allocator's first and steady iterations, and a policy's profiling runs, each
+build an Engine on the same trace (a 1M-op trace: about a second per Engine before).
+
+Read only: an Engine copies what it changes (its `first_use`)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from ..allocator.first_use import first_use_residents
+from ..trace.schema import Op, Tensor, Trace
+
+# One stream's ops in order, each with (op, launch gap us, reads it does not write, deps on
+# other streams): see TracePrep.streams.
+Step = tuple[Op, float, tuple[int, ...], tuple[int, ...]]
+
+
+class TracePrep:
+    """Per-trace lookups of the engine. `streams`: per stream, its ops in order, each with what
+    the short path needs: the GPU idle time before it in the recording on its stream (the
+    launch gap), what it reads that it does not write itself (a trace may list an op's own
+    output or workspace among its reads), and its deps on other streams (a dep on its own
+    stream has ended before it: a stream runs its ops in order). `waited`: the ops another
+    stream waits for (the engine makes a SimPy event for each)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._trace = weakref.ref(trace)
+        self.tensors: dict[int, Tensor] = trace.tensor_by_id()
+        self.size: dict[int, int] = {t.id: t.size_bytes for t in trace.tensors}
+        self.ops: dict[int, Op] = {op.id: op for op in trace.ops}
+        self.resident: tuple[int, ...] = tuple(t.id for t in trace.tensors if t.producer is None)
+        streams: dict[int, list[Step]] = {}
+        last_end: dict[int, float] = {}
+        stream_of: dict[int, int] = {}
+        waited: dict[int, None] = {}  # (ordered, as the engine made its events before)
+        for op in trace.ops:
+            stream = op.stream
+            stream_of[op.id] = stream
+            prev = last_end.get(stream, 0.0)
+            gap = op.start_us - prev if op.start_us > prev else 0.0
+            end = op.start_us + op.dur_us
+            last_end[stream] = end if end > prev else prev
+            reads, writes = op.reads, op.writes
+            if writes and reads:
+                for t in reads:
+                    if t in writes:
+                        reads = tuple(t for t in reads if t not in writes)
+                        break
+            deps: tuple[int, ...] = ()
+            if op.deps:
+                deps = tuple(d for d in op.deps if stream_of[d] != stream)
+                for d in deps:
+                    waited[d] = None
+            steps = streams.get(stream)
+            if steps is None:
+                steps = streams[stream] = []
+            steps.append((op, gap, reads, deps))
+        self.streams = streams
+        self.waited: tuple[int, ...] = tuple(waited)
+        self._first_use: dict[int, list[int]] | None = None
+
+    def first_use(self) -> dict[int, list[int]]:
+        """vsim.allocator.first_use.first_use_residents of the trace (built on first call)."""
+        if self._first_use is None:
+            trace = self._trace()
+            assert trace is not None
+            self._first_use = first_use_residents(trace)
+        return self._first_use
+
+
+_PREPS: dict[int, TracePrep] = {}
+
+
+def trace_prep(trace: Trace) -> TracePrep:
+    """The trace's TracePrep, built on first use and dropped when the trace is (a trace is
+    immutable, so what was derived from it stays true)."""
+    key = id(trace)
+    prep = _PREPS.get(key)
+    if prep is None or prep._trace() is not trace:  # noqa: SLF001
+        # The cyclic collector paused, as load_trace does: building millions of records makes
+        # it walk the whole heap, the trace's too, again and again (a 1M-op trace: 4 s), and
+        # they hold no cycles for it to find.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            prep = _PREPS[key] = TracePrep(trace)
+        finally:
+            if enabled:
+                gc.enable()
+        weakref.finalize(trace, _PREPS.pop, key, None)
+    return prep
