@@ -179,7 +179,8 @@ def test_other_plans_train_bitwise_from_a_given_trace(recorded, tmp_path, policy
     elif policy.startswith("recompute"):
         assert {Drop, Recompute} <= kinds
         assert all(s.drops > 0 and s.recomputed_calls > 0 for s in stats)
-        assert planned.executor is not None and planned.executor.tracker_used == "python"
+        # recomputation too runs under the native tracker after the calibrating step
+        assert planned.executor is not None and planned.executor.tracker_used == "native"
     else:
         assert Offload in kinds and all(s.offloads > 0 for s in stats)
 
