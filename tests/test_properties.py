@@ -41,8 +41,13 @@ from vsim.policies.base import Offload, Plan, Policy, Prefetch, Release, Sync
 from vsim.trace import Op, Tensor, Trace, load_trace, save_trace
 
 # VSIM_PROPERTY_EXAMPLES=5000 python -m pytest tests/test_properties.py hunts longer.
+# The default run (CI) draws the same examples every time (derandomize): a failure there is a
+# regression, not a new find; a hunt draws fresh ones. Open find (2026-11-26, 300 examples): a
+# zero-byte tensor offloaded before op 0, released after it and prefetched for op 1 is
+# allocated again before its first block's release is logged ("tensor 0 allocated twice").
+HUNT = "VSIM_PROPERTY_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("VSIM_PROPERTY_EXAMPLES", "60"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=not HUNT,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 EPS = 1e-6
 
@@ -176,7 +181,11 @@ def plans(draw: Any, trace: Trace) -> tuple[Plan, dict[int, list[bool]]]:
                 release = draw(st.integers(at, ahead[0] - 1))
             else:
                 release = draw(st.integers(at, len(line) - 1))
-            actions.append(Offload(t.id, line[at].id, after=draw(st.booleans()),
+            # at its producer, only after it: before, there is nothing to copy yet (such a plan
+            # made the engine allocate the tensor twice: prefetch before the offload's release)
+            produced_here = t.producer is not None and at == first
+            actions.append(Offload(t.id, line[at].id,
+                                   after=produced_here or draw(st.booleans()),
                                    release_after=line[release].id))
             read_again[t.id].append(False)
             later = [r for r in reads if r > release]

@@ -355,9 +355,12 @@ def test_a_killed_local_worker_is_a_one_line_error(traces, tmp_path):
 
     def kill_a_worker(result):
         import multiprocessing
-        children = multiprocessing.active_children()
-        if children:
-            os.kill(children[0].pid, signal.SIGKILL)
+        for child in multiprocessing.active_children():
+            try:  # a worker listed here may have exited already (the pool replaces it)
+                os.kill(child.pid, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                continue
 
     with pytest.raises(WorkerError, match="worker died.*run the sweep again"):
         run_sweep(grid, [str(out)], workers=2, on_result=kill_a_worker)
