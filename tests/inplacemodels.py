@@ -159,7 +159,9 @@ class VitBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.ln_1(x)
-        y, _ = self.self_attention(y, y, y, need_weights=False)
+        # need_weights: attention through bmm and softmax (on the CPU, scaled_dot_product_
+        # attention's math path records _reshape_alias where a mapping pass sees views)
+        y, _ = self.self_attention(y, y, y, need_weights=True)
         x = self.dropout(y) + x
         return x + self.mlp(self.ln_2(x))
 
@@ -185,7 +187,9 @@ class Vit(nn.Module):
 
 
 def vit_blocks(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], nn.Module]:
-    """A small torchvision-style ViT (nn.MultiheadAttention: the H100's vit_b_16 sqrt plan
-    under the native tracker read a view's input that was gone)."""
+    """A small torchvision-style ViT. Its in-projection is a linear of a transposed 3D input:
+    linear adds the bias in place without a Python dispatch mode and out of place under one
+    (the H100's vit_b_16 sqrt plan under the native tracker recorded the in-place add as the
+    calibration's out-of-place one, and its recomputation read a state that was gone)."""
     torch.manual_seed(0)
     return Vit(), _images(batch), nn.CrossEntropyLoss()

@@ -159,3 +159,13 @@ def test_hardswish_blocks_train_exactly_under_sqrt() -> None:
     assert _no_stale_chain(trace, make_policy(spec).plan(trace, s.hw, capacity)) > 0
     result = _run(s, spec, capacity)
     assert result["fits"] and result["check"]["bitwise_equal"], result["check"]
+
+
+def test_a_vit_trains_exactly_under_sqrt_natively() -> None:
+    """nn.MultiheadAttention's in-projection: linear's bias add runs in place in a native
+    iteration and out of place in the calibrating one (a Python mode counts as a tensor
+    subclass there); the frame records the operator that ran."""
+    trace, s, capacity = _case("vit_blocks")
+    result = _run(s, "recompute:strategy=sqrt", capacity)
+    assert result["fits"] and result["check"]["bitwise_equal"], result["check"]
+    assert result["executed"]["recomputed_calls"] > 0

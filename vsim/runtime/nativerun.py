@@ -31,6 +31,25 @@ if TYPE_CHECKING:
 TRACKERS = ("auto", "native", "python")
 
 
+def _cpp_name(func: Any) -> str:
+    """'aten.add.Tensor' (an OpOverload) -> 'aten::add.Tensor', as counter.cpp names it."""
+    return str(func).replace(".", "::", 1)
+
+
+_OPERATORS: dict[str, Any] = {}
+
+
+def _operator(cpp_name: str) -> Any:
+    """The OpOverload counter.cpp names 'aten::add_.Tensor'."""
+    got = _OPERATORS.get(cpp_name)
+    if got is None:
+        ns, rest = cpp_name.split("::", 1)
+        packet, _, overload = rest.partition(".")
+        got = _OPERATORS[cpp_name] = getattr(getattr(getattr(torch.ops, ns), packet),
+                                             overload or "default")
+    return got
+
+
 class NativeDivergence(OpSequenceError):
     """A native iteration's counted calls differed from its calibration's (seen once, on
     swin_t: aten::_index_put_impl_ where calibration saw aten::index_put). The iteration is
@@ -71,6 +90,7 @@ class NativeRuns:
         self.cal_frames: list[tuple[int, int]] = []
         self.cal_flagged: dict[int, tuple[Any, bool]] = {}
         self._frame_rng: Any = None
+        self._frame_names: dict[Any, str] = {}  # flagged function -> its name in counter.cpp
         self._cal_outputs: dict[int, list[tuple[int, int]]] = {}
         self._cal_registered: dict[int, int] = {}
         self._cal_packs: list[tuple[int, int]] = []
@@ -160,6 +180,7 @@ class NativeRuns:
             self._cal_registered, self.map.call_op, [str(f) for f in funcs],
             [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs,
             [tuple(f) for f in nat.frames()], self.cal_frames, self.cal_flagged)
+        self._frame_names = {f: _cpp_name(f) for f, _ in self.cal_flagged.values()}
         key = determinism_key()
         if len(cal.before) != self.map.n_calls:
             self._cal[key] = (f"native tracker not used: calibration saw {len(cal.before)} "
@@ -255,10 +276,10 @@ class NativeRuns:
             self._native_exc = exc
             raise
 
-    def _frame_callback(self, count: int, number: int, args: Any, kwargs: Any, out: Any,
-                        post: bool) -> None:
-        """A frame the plan needs has run (post: with its arguments and outputs) or is about
-        to (its RNG state, for a random call a chain records)."""
+    def _frame_callback(self, count: int, number: int, name: Any, args: Any, kwargs: Any,
+                        out: Any, post: bool) -> None:
+        """A frame the plan needs has run (post: its operator's name, arguments and outputs)
+        or is about to (its RNG state, for a random call a chain records)."""
         try:
             if not post:
                 self._frame_rng = self.rng_state()
@@ -273,6 +294,8 @@ class NativeRuns:
             if k is None:
                 return
             func, random = cal.flagged[k]
+            if name != self._frame_names.get(func):
+                func = _operator(name)  # ran in its other form: record what ran
             rng, self._frame_rng = (self._frame_rng if random else None), None
             self.on_call(func, args, kwargs, out, rng, k)
         except BaseException as exc:

@@ -50,7 +50,8 @@ struct State {
   std::unordered_map<int64_t, uint8_t> frame_flags;         // armed: frame_key -> PRE | POST
   std::unordered_map<int64_t, int64_t> frame_count;         // armed: count -> its frames
   std::unordered_map<int64_t, std::string> frame_expect;    // armed: frame_key -> its name
-  py::object frame_callback;  // armed: frame_callback(count, frame, args, kwargs, outputs, post)
+  py::object frame_callback;  // armed: frame_callback(count, frame, name, args, kwargs, outputs,
+                              // post)
 };
 
 State S;
@@ -180,11 +181,13 @@ void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
     py::gil_scoped_acquire gil;
     try {
       if (args == nullptr) {
-        S.frame_callback(c, j, py::none(), py::none(), py::none(), false);
+        S.frame_callback(c, j, py::none(), py::none(), py::none(), py::none(), false);
       } else {
-        // as a Python dispatch mode receives them: positional and keyword-only arguments
+        // as a Python dispatch mode receives them: positional and keyword-only arguments, and
+        // the operator that ran (its in-place form where calibration saw the out-of-place
+        // one: linear adds its bias in place without a mode, out of place under one)
         auto ak = arguments(op, *args);
-        S.frame_callback(c, j, ak.first, ak.second, outputs_of(op, stack), true);
+        S.frame_callback(c, j, name_of(op), ak.first, ak.second, outputs_of(op, stack), true);
       }
     } catch (py::error_already_set& e) {
       S.paused = was;
