@@ -102,6 +102,18 @@ class Loop:
         return out
 
 
+class AutocastLoop(Loop):
+    """The same loop with the user's own bf16 autocast around forward and the loss."""
+
+    def step(self) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = self.model(self.x)
+            loss = nn.functional.cross_entropy(logits.float(), self.y, label_smoothing=0.1)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
 def _batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(BATCH, 3, 16, 16, generator=g),
@@ -124,7 +136,8 @@ def recorded() -> tuple[Loop, PlannedStep]:
 def _trains_as_without_the_plan(loop: Loop, planned: PlannedStep, n: int = 3) -> list:
     """n planned iterations against n plain ones from the same state (taken after
     construction, which trained the model: recording and mapping run the step); their stats."""
-    twin = Loop(*copy.deepcopy((loop.model, loop.opt)))  # the optimizer keeps to the twin's params
+    # the optimizer keeps to the twin's params; the twin steps as the loop does (its class)
+    twin = type(loop)(*copy.deepcopy((loop.model, loop.opt)))
     before = [t.clone() for t in loop.state()]
     rng = torch.get_rng_state()
     stats = []
@@ -208,3 +221,17 @@ def test_a_bad_policy_stops_before_the_step_runs() -> None:
         PlannedStep(lambda: calls.append(1), model, None, (), policy="vdnn:mode=sometimes",
                     device="cpu")
     assert calls == []
+
+
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "recompute:strategy=sqrt"])
+def test_a_loop_under_its_own_bf16_autocast_trains_bitwise(policy: str) -> None:
+    """The user's autocast: the casts are aten calls of the recorded step like any other.
+    (An earlier 'bf16 mismatch' was this test's twin stepping without autocast.)"""
+    torch.manual_seed(0)
+    model = _model()
+    loop = AutocastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+    loop.feed(_batches(1, seed=7)[0])
+    planned = _planned(loop, policy, record=RECORD)
+    stats = _trains_as_without_the_plan(loop, planned)
+    assert planned.executor is not None and planned.executor.tracker_used == "native"
+    assert all(s.offloads + s.recomputed_calls > 0 for s in stats)
