@@ -196,6 +196,27 @@ def test_plan_policy_runs_the_plan_and_refuses_another_trace(tmp_path):
     assert make_policy("plan").plan(CHAIN, FAST, CAP).actions == ()
 
 
+_MADE = next(t for t in CHAIN.tensors if t.producer is not None)  # an activation and its op
+
+
+@pytest.mark.parametrize("action, message", [
+    (Offload(_MADE.id, _MADE.producer, after=False, release_after=_MADE.producer),
+     rf"plan.actions\[0\] \(Offload\): offloads tensor {_MADE.id} before op "
+     rf"{_MADE.producer}, its producer"),
+    (Prefetch(_MADE.id, 99, 99), r"plan.actions\[0\] \(Prefetch\): op 99 is not an op"),
+    (Drop(777, 2), r"plan.actions\[0\] \(Drop\): tensor 777 is not a tensor"),
+])
+def test_an_edited_plan_file_that_cannot_apply_is_refused(tmp_path, action, message):
+    path = tmp_path / "p.json"
+    save_plan(SavedPlan(plan=Plan(actions=(action,)), trace_digest=trace_digest(CHAIN)), path)
+    with pytest.raises(PolicyError, match=message):
+        make_policy(f"plan:file={path}").plan(CHAIN, FAST, CAP)
+    # after the producer has run, the same offload is fine
+    fine = Offload(_MADE.id, _MADE.producer, after=True, release_after=_MADE.producer)
+    save_plan(SavedPlan(plan=Plan(actions=(fine,)), trace_digest=trace_digest(CHAIN)), path)
+    assert make_policy(f"plan:file={path}").plan(CHAIN, FAST, CAP).actions == (fine,)
+
+
 @pytest.mark.parametrize("doc, message", [
     ({"format": "vsim-trace"}, "format: not a vsim-plan file"),
     ({"format": "vsim-plan", "version": 2}, "version: 2 is newer"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import PolicyError
 from ..hardware import Hardware
-from ..plan import Plan
+from ..plan import Offload, Plan
 from ..plan_io import SavedPlan, load_plan, trace_digest
 from ..trace.schema import Trace
 from ..units import format_size
@@ -53,6 +53,9 @@ class SavedPlanPolicy(Policy):
                 f"plan made for {made_for} (digest {saved.trace_digest[:12]}), not for this "
                 f"trace (digest {digest[:12]}{_model(trace)}{other_hw}): run `vsim search` on "
                 "it", self.file)
+        problem = _problem(saved.plan, trace)
+        if problem is not None:
+            raise PolicyError(problem, self.file)
         notes = [f"plan from {self.file} (searched for {saved.hardware} at "
                  f"{format_size(saved.capacity_bytes)})"]
         if saved.capacity_bytes and saved.capacity_bytes != capacity_bytes:
@@ -61,6 +64,29 @@ class SavedPlanPolicy(Policy):
         if saved.hardware and saved.hardware != hw.name:
             notes.append(f"plan: searched on {saved.hardware}, run on {hw.name}")
         return dataclasses.replace(saved.plan, notes=(*saved.plan.notes, *notes))
+
+
+def _problem(plan: Plan, trace: Trace) -> str | None:
+    """The first action of a plan file that cannot apply to `trace` (an edited file): an op or
+    tensor it does not have, or an offload before its tensor's producer has run."""
+    n_ops = len(trace.ops)
+    tensors = trace.tensor_by_id()
+    for i, a in enumerate(plan.actions):
+        at = f"plan.actions[{i}] ({type(a).__name__})"
+        ops = [v for k in ("at_op", "after_op", "before_op", "needed_by", "release_after", "op")
+               if (v := getattr(a, k, None)) is not None]
+        ops += list(getattr(a, "ops", ()))
+        bad = [o for o in ops if not 0 <= o < n_ops]
+        if bad:
+            return f"{at}: op {bad[0]} is not an op of this trace ({n_ops} ops)"
+        ids = [a.tensor] if hasattr(a, "tensor") else list(getattr(a, "tensors", ()))
+        missing = [t for t in ids if t not in tensors]
+        if missing:
+            return f"{at}: tensor {missing[0]} is not a tensor of this trace"
+        if isinstance(a, Offload) and not a.after and tensors[a.tensor].producer == a.at_op:
+            return (f"{at}: offloads tensor {a.tensor} before op {a.at_op}, its producer, has "
+                    "made it (after: true offloads it once the op has run)")
+    return None
 
 
 def _model(trace: Trace) -> str:
