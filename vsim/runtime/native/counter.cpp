@@ -91,28 +91,38 @@ void fail(const std::string& why) {
   throw std::runtime_error("vsim native tracker: the run diverged: " + S.diverged);
 }
 
-void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
-  auto it = S.expect.find(c);
-  if (it != S.expect.end()) {
-    std::string got = name_of(op);
-    if (got != it->second && base_of(got) != base_of(it->second))
-      fail("call " + std::to_string(c) + " is " + got + ", calibration's was " + it->second);
-  }
+// `got` is the operator calibration saw as `want` (in-place and out-of-place as one), else the
+// run diverged; `what` names the place.
+void expect_name(const c10::OperatorHandle& op, const std::string& want, const std::string& what) {
+  std::string got = name_of(op);
+  if (got != want && base_of(got) != base_of(want))
+    fail(what + " is " + got + ", calibration's was " + want);
+}
+
+// Runs `call` (a call into Python) as the executor's own: uncounted, the key excluded for what
+// it dispatches, the GIL held. A Python exception stops the dispatch; the Python side keeps it
+// (vsim.runtime.nativerun) and raises it again where the step returns.
+template <typename F>
+void in_python(F&& call) {
   bool was = S.paused;
   S.paused = true;
   {
-    c10::impl::ExcludeDispatchKeyGuard own(KEY);  // the executor's own calls
+    c10::impl::ExcludeDispatchKeyGuard own(KEY);
     py::gil_scoped_acquire gil;
     try {
-      S.callback(c, post ? outputs_of(op, stack) : py::none(), post);
+      call();
     } catch (py::error_already_set& e) {
-      // The Python side keeps the exception (vsim.runtime.native.Armed.error) and raises it
-      // again where the step returns; here only the dispatch is stopped.
       S.paused = was;
       throw std::runtime_error(std::string("vsim native tracker: callback raised: ") + e.what());
     }
   }
   S.paused = was;
+}
+
+void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
+  auto it = S.expect.find(c);
+  if (it != S.expect.end()) expect_name(op, it->second, "call " + std::to_string(c));
+  in_python([&] { S.callback(c, post ? outputs_of(op, stack) : py::none(), post); });
 }
 
 // Calls made while a counted call runs on the same thread (inside a composite, a kernel or
@@ -174,27 +184,17 @@ thread_local std::vector<int64_t> running;
 
 void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
                      const std::vector<c10::IValue>* args, torch::jit::Stack* stack) {
-  bool was = S.paused;
-  S.paused = true;
-  {
-    c10::impl::ExcludeDispatchKeyGuard own(KEY);
-    py::gil_scoped_acquire gil;
-    try {
-      if (args == nullptr) {
-        S.frame_callback(c, j, py::none(), py::none(), py::none(), py::none(), false);
-      } else {
-        // as a Python dispatch mode receives them: positional and keyword-only arguments, and
-        // the operator that ran (its in-place form where calibration saw the out-of-place
-        // one: linear adds its bias in place without a mode, out of place under one)
-        auto ak = arguments(op, *args);
-        S.frame_callback(c, j, name_of(op), ak.first, ak.second, outputs_of(op, stack), true);
-      }
-    } catch (py::error_already_set& e) {
-      S.paused = was;
-      throw std::runtime_error(std::string("vsim native tracker: callback raised: ") + e.what());
+  in_python([&] {
+    if (args == nullptr) {
+      S.frame_callback(c, j, py::none(), py::none(), py::none(), py::none(), false);
+      return;
     }
-  }
-  S.paused = was;
+    // as a Python dispatch mode receives them: positional and keyword-only arguments, and the
+    // operator that ran (its in-place form where calibration saw the out-of-place one: linear
+    // adds its bias in place without a mode, out of place under one)
+    auto ak = arguments(op, *args);
+    S.frame_callback(c, j, name_of(op), ak.first, ak.second, outputs_of(op, stack), true);
+  });
 }
 
 struct Running {
@@ -217,11 +217,8 @@ void run_frame(const c10::OperatorHandle& op, c10::DispatchKeySet ks, c10::Dispa
     auto it = S.frame_flags.find(frame_key(c, j));
     if (it != S.frame_flags.end()) {
       ff = it->second;
-      const std::string& want = S.frame_expect[frame_key(c, j)];
-      std::string got = name_of(op);
-      if (got != want && base_of(got) != base_of(want))
-        fail("frame " + std::to_string(j) + " of call " + std::to_string(c) + " is " + got +
-             ", calibration's was " + want);
+      expect_name(op, S.frame_expect[frame_key(c, j)],
+                  "frame " + std::to_string(j) + " of call " + std::to_string(c));
     }
   }
   std::vector<c10::IValue> args;
