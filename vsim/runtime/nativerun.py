@@ -15,6 +15,7 @@ Which tracker runs an iteration (`Executor(tracker=)`):
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 TRACKERS = ("auto", "native", "python")
 
 
+@cache
 def _cpp_name(func: Any) -> str:
     """'aten.add.Tensor' (an OpOverload) -> 'aten::add.Tensor', as counter.cpp names it."""
     return str(func).replace(".", "::", 1)
@@ -90,7 +92,6 @@ class NativeRuns:
         self.cal_frames: list[tuple[int, int]] = []
         self.cal_flagged: dict[int, tuple[Any, bool]] = {}
         self._frame_rng: Any = None
-        self._frame_names: dict[Any, str] = {}  # flagged function -> its name in counter.cpp
         self._cal_outputs: dict[int, list[tuple[int, int]]] = {}
         self._cal_registered: dict[int, int] = {}
         self._cal_packs: list[tuple[int, int]] = []
@@ -180,7 +181,6 @@ class NativeRuns:
             self._cal_registered, self.map.call_op, [str(f) for f in funcs],
             [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs,
             [tuple(f) for f in nat.frames()], self.cal_frames, self.cal_flagged)
-        self._frame_names = {f: _cpp_name(f) for f, _ in self.cal_flagged.values()}
         key = determinism_key()
         if len(cal.before) != self.map.n_calls:
             self._cal[key] = (f"native tracker not used: calibration saw {len(cal.before)} "
@@ -294,7 +294,7 @@ class NativeRuns:
             if k is None:
                 return
             func, random = cal.flagged[k]
-            if name != self._frame_names.get(func):
+            if name != _cpp_name(func):
                 func = _operator(name)  # ran in its other form: record what ran
             rng, self._frame_rng = (self._frame_rng if random else None), None
             self.on_call(func, args, kwargs, out, rng, k)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,11 @@ class Calibration:
     @property
     def total(self) -> int:
         return len(self.names)
+
+    @cached_property
+    def frame_names(self) -> dict[tuple[int, int], str]:
+        """(count, number) -> the frame's operator."""
+        return {(c, j): n for c, j, n, _ in self.frames}
 
     def op_at(self, count: int) -> int:
         """The trace op of the last Python call seen within counted calls up to `count`."""
@@ -197,7 +203,7 @@ def targets(cal: Calibration, boundary_calls: list[int],
             raise Unsafe(f"aten call {k} ({cal.funcs[k]}), whose outputs the plan acts on, ran "
                          "outside every counted call")
         where = {p: j for j, p in cal.outputs.get(c, [])}
-        for _, t in pairs:
+        for jk, t in pairs:
             ptr = cal.registered.get(t, -1)
             jj = where.get(ptr)
             if jj is not None:
@@ -212,7 +218,7 @@ def targets(cal: Calibration, boundary_calls: list[int],
                 out.packs[at] = t
             elif _own_frame(cal, k) is not None:
                 # an inner call's output (autocast's casts inside linear): from call k's frame
-                watched.setdefault(k, []).append((j_out(pairs, t), t))
+                watched.setdefault(k, []).append((jk, t))
             else:
                 raise Unsafe(f"trace tensor {t}, an output of aten call {k} ({cal.funcs[k]}), "
                              f"is neither an output of its counted call "
@@ -223,29 +229,22 @@ def targets(cal: Calibration, boundary_calls: list[int],
     return out
 
 
-def j_out(pairs: list[tuple[int, int]], t: int) -> int:
-    """The index among a call's flattened outputs of trace tensor `t` (watch pairs)."""
-    return next(j for j, tt in pairs if tt == t)
-
-
 def _own_frame(cal: Calibration, k: int) -> tuple[int, int] | None:
     """The frame Python call k ran as (its own operator), or None."""
     if k >= len(cal.frame_of):
         return None
     c, j = cal.frame_of[k]
-    if c < 0:
+    name = cal.frame_names.get((c, j))
+    if name is None or _base(python_name(name)) != _base(cal.funcs[k]):
         return None
-    for cc, jj, name, _ in cal.frames:
-        if cc == c and jj == j:
-            return (c, j) if _base(python_name(name)) == _base(cal.funcs[k]) else None
-    return None
+    return c, j
 
 
 def _frame_targets(cal: Calibration, flags: bytearray, out: Targets,
                    watched: dict[int, list[tuple[int, int]]]) -> None:
     """Frames to call back at for the calls in `cal.flagged`, and for the watched calls whose
     trace tensors only their own frame returns (module docstring)."""
-    names = {(c, j): n for c, j, n, _ in cal.frames}
+    names = cal.frame_names
     counts: dict[int, int] = {}
     for c, *_ in cal.frames:
         counts[c] = counts.get(c, 0) + 1
