@@ -96,6 +96,10 @@ class IterationStats:
     copy_us: float = 0.0
     pool_wait_us: float = 0.0
     recompute_us: float = 0.0
+    # part of recompute_us: inside the replayed aten calls themselves (their dispatch, launch
+    # and allocations, which any runtime recomputing through PyTorch pays); the rest of it is
+    # the replay's own bookkeeping (finding each argument's storage, RNG state, outputs)
+    replay_call_us: float = 0.0
     # recording the calls chains replay, keeping constants, noting in-place updates (forward;
     # part of host_us: the runtime's own work, which a C++ runtime would do in C++)
     record_us: float = 0.0

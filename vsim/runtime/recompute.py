@@ -92,6 +92,8 @@ class TensorRef:
     offset: int
     dtype: torch.dtype
     device: torch.device
+    tensor: Any = None  # weakref.ref to the tensor the call read (passed again while it is
+    # still that view of the storage: cheaper than a new view)
 
 
 _NODES = (torch.Tensor, TensorRef, tuple, list, dict)  # what _map looks into
@@ -109,6 +111,28 @@ class RecordedCall:
     inplace: tuple[int, ...] = ()    # storages it updated in place (its schema's written args)
     unversioned: frozenset[int] = frozenset()  # arguments read in any state (running
     # statistics, which training-mode batch norm only updates; arguments it overwrites)
+
+
+_SCHEMAS: dict[Any, tuple[tuple[int, str, bool, bool, bool, bool], ...]] = {}
+
+
+def _schema_of(func: Any) -> tuple[tuple[int, str, bool, bool, bool, bool], ...]:
+    """Per argument that can hold a tensor read or written by its storage: (position, name,
+    keyword-only, written, overwritten (its state before does not matter: the function
+    overwrites it, or it is an out= argument), a running statistic)."""
+    got = _SCHEMAS.get(func)
+    if got is None:
+        schema = getattr(func, "_schema", None)
+        overwrites = str(func).startswith(_OVERWRITE)
+        rows = []
+        for i, a in enumerate(schema.arguments if schema is not None else ()):
+            write = a.alias_info is not None and a.alias_info.is_write
+            running = a.name in _RUNNING_STATS
+            if write or running or "Tensor" in str(a.type):
+                rows.append((i, a.name, a.kwarg_only, write, write and (overwrites or a.kwarg_only),
+                             running))
+        got = _SCHEMAS[func] = tuple(rows)
+    return got
 
 
 def written_args(func: Any, cache: dict[Any, tuple[tuple[int, str], ...]]
@@ -220,36 +244,44 @@ class Recomputation:
 
     def spec_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
                   index: int) -> RecordedCall:
+        """The call as recorded: tensor arguments as TensorRefs (constants made in forward as
+        they are), its outputs' storages, the storages it reads, writes and allocates. One
+        walk over the arguments, the schema's part looked up once per function (`_schema_of`):
+        the recording is the runtime's own host cost on every recorded call."""
+        read: set[int] = set()
+        key_of, constants = self._key, self.constants
+
         def spec(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
                 st = x.untyped_storage()
-                key = self._key(st)
-                if key in self.constants:  # kept as it is (a constant made in forward)
+                key = key_of(st)
+                if key in constants:  # kept as it is (a constant made in forward)
                     return x
+                read.add(key)
                 return TensorRef(key, weakref.ref(st), tuple(x.shape), tuple(x.stride()),
-                                 int(x.storage_offset()), x.dtype, x.device)
+                                 int(x.storage_offset()), x.dtype, x.device, weakref.ref(x))
             return x
 
         sargs, skwargs = _map(spec, args), _map(spec, kwargs)
-        leaves = _leaves(out)
-        out_keys = [(j, self._key(x.untyped_storage())) for j, x in enumerate(leaves)
+        out_keys = [(j, key_of(x.untyped_storage())) for j, x in enumerate(_leaves(out))
                     if isinstance(x, torch.Tensor)]
-        read = {r.key for r in _leaves((sargs, skwargs)) if isinstance(r, TensorRef)}
         inplace: list[int] = []
         unversioned: set[int] = set()
-        overwrites = str(func).startswith(_OVERWRITE)
-        schema = getattr(func, "_schema", None)
-        for i, a in enumerate(schema.arguments if schema is not None else ()):
-            x = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
-            if not isinstance(x, torch.Tensor):
+        schema = _schema_of(func)
+        for i, name, kwarg_only, write, overwritten, running in schema:
+            r = sargs[i] if i < len(sargs) and not kwarg_only else skwargs.get(name)
+            if isinstance(r, TensorRef):
+                key = r.key
+            elif isinstance(r, torch.Tensor):
+                key = key_of(r.untyped_storage())
+            else:
                 continue
-            key = self._key(x.untyped_storage())
-            if a.alias_info is not None and a.alias_info.is_write:
+            if write:
                 if key not in inplace:
                     inplace.append(key)
-                if overwrites or a.kwarg_only:  # out= arguments are overwritten too
+                if overwritten:
                     unversioned.add(key)
-            elif a.name in _RUNNING_STATS:
+            elif running:
                 unversioned.add(key)
         fresh = tuple(dict.fromkeys(key for _, key in out_keys
                                     if key not in read and key not in inplace))
@@ -279,6 +311,7 @@ class Recomputation:
                 target[self._key(st)] = t
         env: dict[int, Any] = {}      # storage key -> the storage this recomputation rebuilt
         at: dict[int, int] = {}       # ... and the call whose write it holds
+        made_by: dict[int, torch.Tensor] = {}  # ... and the tensor that call returned there
         what = f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})"
 
         chain = sorted((c for op in rc.ops for c in self.recording.get(op, ())),
@@ -308,12 +341,14 @@ class Recomputation:
             from_storage: set[int] = set()
             try:
                 try:
-                    args, kwargs = self._resolve(call, env, at, target, from_storage, False)
+                    args, kwargs = self._resolve(call, env, at, target, from_storage, False,
+                                                 made_by)
                 except _Stale:
                     if k in extra or self.strict:
                         raise
                     from_storage.clear()
-                    args, kwargs = self._resolve(call, env, at, target, from_storage, True)
+                    args, kwargs = self._resolve(call, env, at, target, from_storage, True,
+                                                 made_by)
                     self.stats.inplace_missed += 1
             except (_Gone, _Stale) as exc:
                 op = self.map.call_op[k]
@@ -355,7 +390,7 @@ class Recomputation:
                     continue  # a view of a storage read as it is
                 t_or_none = target.get(key)
                 if t_or_none is None:
-                    env[key], at[key] = ost, k
+                    env[key], at[key], made_by[key] = ost, k, o
                     continue
                 t = t_or_none
                 tst = self._storage(t)
@@ -372,6 +407,7 @@ class Recomputation:
                         view.copy_(o)
                     self.state[t] = "device"
                 env[key], at[key] = tst, k
+                made_by.pop(key, None)
 
     def _state_before(self, key: int, k: int) -> int:
         """The call whose write a storage held when call k read it (-1: none seen)."""
@@ -389,12 +425,18 @@ class Recomputation:
         return st if st is not None and st.nbytes() > 0 else None
 
     def _resolve(self, call: RecordedCall, env: dict[int, Any], at: dict[int, int],
-                 target: dict[int, int], from_storage: set[int], loose: bool
-                 ) -> tuple[list[Any], dict[str, Any]]:
+                 target: dict[int, int], from_storage: set[int], loose: bool,
+                 made_by: dict[int, torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
         """The call's arguments, each in the state the call read (see `_recompute`):
         `env`'s storage when it holds that state, else the storage itself when nothing wrote
         to it since (added to `from_storage`). `loose`: a later state where the one read is
-        gone. _Gone: the storage is gone; _Stale: only a later state is left."""
+        gone. _Gone: the storage is gone; _Stale: only a later state is left.
+
+        Where the tensor an earlier replayed call returned there, or the tensor the call read
+        when it was recorded, is still that view of the storage resolved (same storage,
+        offset, sizes, strides and dtype), it is passed as it is rather than as a new view
+        (two dispatcher calls, the largest part of resolving), unless the call writes to it
+        (an in-place metadata change would reach that tensor)."""
         k = call.index
 
         def resolve(r: Any) -> Any:
@@ -417,6 +459,12 @@ class Recomputation:
                     from_storage.add(r.key)
                 elif st is None or not loose:
                     raise _Stale
+            if r.key not in call.inplace:
+                for o in (made_by.get(r.key), r.tensor() if r.tensor is not None else None):
+                    if o is not None and o.dtype == r.dtype and o.untyped_storage() is st \
+                            and o.storage_offset() == r.offset and o.shape == r.size \
+                            and o.stride() == r.stride:
+                        return o
             return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
                                                                        r.stride)
 
@@ -428,22 +476,20 @@ class Recomputation:
         """Give arguments the call writes to that were read from their storages as they are
         (running statistics; in-place updates of kept tensors) copies: the recomputation must
         not change state twice."""
-        schema = getattr(call.func, "_schema", None)
-        if schema is None:
+        if not from_storage:
             return
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
+        for i, name, kwarg_only, write, _, running in _schema_of(call.func):
             # native_batch_norm's schema does not mark the running statistics it updates
-            if (info is None or not info.is_write) and a.name not in _RUNNING_STATS:
+            if not write and not running:
                 continue
-            if i < len(call.args) and not a.kwarg_only:
+            if i < len(call.args) and not kwarg_only:
                 ref = call.args[i]
                 if isinstance(ref, TensorRef) and ref.key in from_storage:
                     args[i] = args[i].clone()
-            elif a.name in call.kwargs:
-                ref = call.kwargs[a.name]
+            elif name in call.kwargs:
+                ref = call.kwargs[name]
                 if isinstance(ref, TensorRef) and ref.key in from_storage:
-                    kwargs[a.name] = kwargs[a.name].clone()
+                    kwargs[name] = kwargs[name].clone()
 
     def _call(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
         if self.tracker_used == "native":
@@ -455,13 +501,20 @@ class Recomputation:
 
     def _call_rng(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
         if call.rng is None:
-            return call.func(*args, **kwargs)
+            return self._timed(call, args, kwargs)
         saved = self.rng_state()
         self._set_rng(call.rng)
         try:
-            return call.func(*args, **kwargs)
+            return self._timed(call, args, kwargs)
         finally:
             self._set_rng(saved)
+
+    def _timed(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return call.func(*args, **kwargs)
+        finally:
+            self.stats.replay_call_us += (time.perf_counter() - t0) * 1e6
 
     def _set_rng(self, state: Any) -> None:
         if self.gpu:

@@ -152,6 +152,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None) -> dict[
             "executor_copy_us": round(stats.copy_us, 1),
             "executor_pool_wait_us": round(stats.pool_wait_us, 1),
             "executor_recompute_us": round(stats.recompute_us, 1),
+            "executor_replay_call_us": round(stats.replay_call_us, 1),
             "executor_record_us": round(stats.record_us, 1),
             "recorded_calls": stats.recorded_calls,
             "executor_own_us": round(stats.host_us - stats.alloc_us - stats.copy_us
