@@ -166,3 +166,49 @@ def test_a_native_divergence_falls_back_to_the_python_tracker(cnn) -> None:
     assert stats.tracker == "python" and stats.offloads > 0
     assert notes and "ran again under the Python tracker" in notes[0]
     s.restore()
+
+
+def test_swap_storages_exchanges_two_storages_memory_without_a_copy() -> None:
+    """The native swap a recomputation rebuilds a dropped tensor with where PyTorch has no
+    UntypedStorage._swap_data_ptr_ (torch 2.11 on the H100 machine)."""
+    from vsim.runtime import native
+
+    mod = native.load()
+    if mod is None:
+        pytest.fail(f"the native tracker could not be built: {native.error()}")
+    dropped = torch.arange(6, dtype=torch.float32)
+    view = dropped[2:]  # a view, as autograd's saved tensors are, of the dropped storage
+    st = dropped.untyped_storage()
+    st.resize_(0)
+    rebuilt = torch.arange(6, dtype=torch.float32) * 10
+    ptr = rebuilt.untyped_storage().data_ptr()
+    mod.swap_storages(st, rebuilt.untyped_storage())
+    assert st.nbytes() == 24 and st.data_ptr() == ptr
+    assert rebuilt.untyped_storage().nbytes() == 0
+    assert view.tolist() == [20.0, 30.0, 40.0, 50.0]
+    with pytest.raises(ValueError, match="UntypedStorages"):
+        mod.swap_storages(st, rebuilt)
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_a_recomputing_plan_rebuilds_tensors_with_the_native_swap(monkeypatch, swap) -> None:
+    """Where PyTorch lacks _swap_data_ptr_ the native swap rebuilds dropped tensors in place
+    (before, torch 2.11 copied every one: an allocation and a device copy each), gradients
+    bitwise equal; without any swap each is copied into place, and counted."""
+    from vsim.record.recorder import record_model
+    from vsim.runtime import native, recompute
+    from vsim.runtime.measure import Session
+
+    mod = native.load()
+    if mod is None:
+        pytest.fail(f"the native tracker could not be built: {native.error()}")
+    monkeypatch.setattr(recompute, "_SWAP", [mod.swap_storages if swap else None])
+    trace = record_model("inplacemodels:bottlenecks", 4, device="cpu", warmup=1, iters=2,
+                         timing_iters=1)
+    s = Session(None, None, trace, device="cpu", warmup=1)
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    cap = int(resident + 0.3 * (trace.measured.peak_allocated_bytes - resident))
+    got = s.run("superneurons", cap, iters=1, warmup=1)
+    assert got["executed"]["recomputed_calls"] > 0 and got["check"]["bitwise_equal"], got["check"]
+    copied = got["executed"]["skipped"].get("recomputed tensor copied into place", 0)
+    assert (copied == 0) if swap else (copied > 0)

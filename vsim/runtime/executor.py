@@ -24,11 +24,12 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   references, RNG state for random ops) while the forward pass runs them; before op `before_op`
   they are called again, outside autograd, with the in-place updates other calls made to the
   storages they allocate, each argument in the state its call read (writes are numbered per
-  storage). A dropped tensor gets its bytes back by swapping the
-  recomputed storage's memory into it (`UntypedStorage._swap_data_ptr_`, no copy; a copy where
-  that is missing); intermediates live only while the chain runs. Arguments that the original
-  call mutated but that the chain does not produce (batch-norm running statistics) get copies,
-  so that the recomputation has no side effect.
+  storage). A dropped tensor gets its bytes back by swapping the recomputed storage's memory
+  into it (`UntypedStorage._swap_data_ptr_`, or the native extension's `swap_storages` where
+  PyTorch lacks it, as torch 2.11 does; no copy; a copy where neither is there, counted in
+  `executed.skipped`); intermediates live only while the chain runs. Arguments that the
+  original call mutated but that the chain does not produce (batch-norm running statistics)
+  get copies, so that the recomputation has no side effect.
 - Retime to a workspace-free convolution: PyTorch offers no per-call choice of cuDNN engine, but
   it falls back, when the engine it cached cannot get its workspace, to the heuristics' first
   engine that can, and caches that one. So in the executor's first iteration each such op runs

@@ -72,6 +72,24 @@ def _leaves(x: Any) -> list[Any]:
     return [x]
 
 
+_SWAP: list[Any] = []
+
+
+def _swapper() -> Any:
+    """swap(a, b): exchange two storages' memory, or None where neither PyTorch
+    (UntypedStorage._swap_data_ptr_, not in the H100 machine's torch 2.11) nor the native extension
+    (vsim.runtime.native's swap_storages) can: then a rebuilt tensor is copied into place."""
+    if not _SWAP:
+        swap = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)
+        if swap is None:
+            from . import native
+
+            mod = native.load()
+            swap = mod.swap_storages if mod is not None else None
+        _SWAP.append(swap)
+    return _SWAP[0]
+
+
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
 
@@ -398,9 +416,11 @@ class Recomputation:
                     continue
                 if tst.nbytes() == 0:
                     n = self.nbytes[t]
-                    if ost.nbytes() == n and hasattr(tst, "_swap_data_ptr_"):
-                        tst._swap_data_ptr_(ost)
+                    swap = _swapper() if ost.nbytes() == n else None
+                    if swap is not None:
+                        swap(tst, ost)
                     else:
+                        self.stats.skipped["recomputed tensor copied into place"] += 1
                         tst.resize_(n)
                         view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
                             tst, o.storage_offset(), o.shape, o.stride())

@@ -14,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
@@ -360,6 +361,26 @@ void do_disarm() {
 
 std::string do_diverged() { return S.diverged; }
 
+// Swaps the memory (data pointer and size) of two storages of one device: a recomputation
+// rebuilds a dropped tensor in place this way, where autograd's saved tensors hold its
+// storage, without a copy. What UntypedStorage._swap_data_ptr_ does in recent PyTorch; the
+// H100's torch 2.11 has no such method, and a copy costs an allocation and a device copy per
+// rebuilt tensor.
+void do_swap_storages(py::handle a, py::handle b) {
+  if (!THPStorage_Check(a.ptr()) || !THPStorage_Check(b.ptr()))
+    throw std::invalid_argument("swap_storages: two UntypedStorages");
+  c10::StorageImpl* x = THPStorage_Unpack(a.ptr()).unsafeGetStorageImpl();
+  c10::StorageImpl* y = THPStorage_Unpack(b.ptr()).unsafeGetStorageImpl();
+  if (x->device() != y->device())
+    throw std::invalid_argument("swap_storages: storages on different devices");
+  const size_t nx = x->nbytes(), ny = y->nbytes();
+  at::DataPtr py_ = y->set_data_ptr(at::DataPtr(nullptr, y->device()));
+  at::DataPtr px_ = x->set_data_ptr(std::move(py_));
+  y->set_data_ptr(std::move(px_));
+  x->set_nbytes(ny);
+  y->set_nbytes(nx);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
@@ -381,4 +402,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("frame", &do_frame, "the frame running on this thread: (count, number) or (-1, -1)");
   m.def("disarm", &do_disarm);
   m.def("diverged", &do_diverged);
+  m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
 }
