@@ -235,3 +235,23 @@ def test_a_loop_under_its_own_bf16_autocast_trains_bitwise(policy: str) -> None:
     stats = _trains_as_without_the_plan(loop, planned)
     assert planned.executor is not None and planned.executor.tracker_used == "native"
     assert all(s.offloads + s.recomputed_calls > 0 for s in stats)
+
+
+@pytest.mark.parametrize("bn_training", [True, False])
+def test_replayed_batch_norms_leave_running_statistics_as_the_plain_loop(bn_training) -> None:
+    """A recomputed batch norm must not update the running statistics a second time: in
+    training mode the replay updates a scratch buffer instead (their values do not change its
+    output), in evaluation mode it reads them as they are. The state compared includes every
+    running_mean, running_var and num_batches_tracked."""
+    torch.manual_seed(0)
+    model = _model()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.train(bn_training)
+    loop = Loop(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+    loop.feed(_batches(1, seed=7)[0])
+    planned = _planned(loop, "recompute:strategy=sqrt", record=RECORD)
+    stats = _trains_as_without_the_plan(loop, planned)
+    assert all(s.recomputed_calls > 0 for s in stats)
+    ex = planned.executor
+    assert ex is not None and bool(ex.scratch) == bn_training

@@ -169,6 +169,9 @@ class Executor(Recomputation, NativeRuns):
             k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \
             if self.recorded_ops else frozenset()
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        # (shape, dtype, device) -> a buffer replayed batch norms update their running
+        # statistics into (vsim.runtime.recompute's _protect_mutated); kept across iterations
+        self.scratch: dict[tuple[Any, ...], torch.Tensor] = {}
         self.pool = pool
         self.host: dict[int, torch.Tensor] = {}   # per-tensor host buffers, reused
         self.host_allocated = 0

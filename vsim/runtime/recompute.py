@@ -72,6 +72,16 @@ def _leaves(x: Any) -> list[Any]:
     return [x]
 
 
+def _flag(call: RecordedCall, name: str) -> bool | None:
+    """A recorded call's boolean argument `name` (batch norm's `training`), or None."""
+    schema = getattr(call.func, "_schema", None)
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if a.name == name:
+            v = call.args[i] if i < len(call.args) and not a.kwarg_only else call.kwargs.get(name)
+            return v if isinstance(v, bool) else None
+    return None
+
+
 _SWAP: list[Any] = []
 
 
@@ -185,6 +195,7 @@ class Recomputation:
     _written: dict[Any, tuple[tuple[int, str], ...]]
     _storage: Callable[[int], Any]
     constants: dict[int, torch.Tensor]
+    scratch: dict[tuple[Any, ...], torch.Tensor]
     constant_calls: frozenset[int]
     tracker_used: str
     track_until: int
@@ -490,12 +501,15 @@ class Recomputation:
 
         return list(_map(resolve, call.args)), dict(_map(resolve, call.kwargs))
 
-    @staticmethod
-    def _protect_mutated(call: RecordedCall, args: list[Any], kwargs: dict[str, Any],
+    def _protect_mutated(self, call: RecordedCall, args: list[Any], kwargs: dict[str, Any],
                          from_storage: set[int]) -> None:
-        """Give arguments the call writes to that were read from their storages as they are
-        (running statistics; in-place updates of kept tensors) copies: the recomputation must
-        not change state twice."""
+        """Arguments the call writes to that were read from their storages as they are (running
+        statistics; in-place updates of kept tensors): the recomputation must not change state
+        twice. Running statistics go to a scratch buffer in training mode (batch norm then
+        only updates them: their values do not matter, so no copy, and the buffer is reused
+        by every replay; a clone cost an allocation and a copy kernel per statistic, two per
+        batch norm on the GPU) and as they are in evaluation mode (only read); the rest get
+        copies."""
         if not from_storage:
             return
         for i, name, kwarg_only, write, _, running in _schema_of(call.func):
@@ -503,13 +517,28 @@ class Recomputation:
             if not write and not running:
                 continue
             if i < len(call.args) and not kwarg_only:
-                ref = call.args[i]
-                if isinstance(ref, TensorRef) and ref.key in from_storage:
-                    args[i] = args[i].clone()
+                ref, held, at = call.args[i], args, i
             elif name in call.kwargs:
-                ref = call.kwargs[name]
-                if isinstance(ref, TensorRef) and ref.key in from_storage:
-                    kwargs[name] = kwargs[name].clone()
+                ref, held, at = call.kwargs[name], kwargs, name  # type: ignore[assignment]
+            else:
+                continue
+            if not isinstance(ref, TensorRef) or ref.key not in from_storage:
+                continue
+            if running:
+                training = _flag(call, "training")
+                if training is False and not write:
+                    continue
+                if training is True:
+                    held[at] = self._scratch_like(held[at])  # type: ignore[index]
+                    continue
+            held[at] = held[at].clone()  # type: ignore[index]
+
+    def _scratch_like(self, x: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.dtype, x.device)
+        got = self.scratch.get(key)
+        if got is None:
+            got = self.scratch[key] = torch.empty(key[0], dtype=x.dtype, device=x.device)
+        return got
 
     def _call(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
         if self.tracker_used == "native":
