@@ -109,12 +109,12 @@ def test_first_fit_takes_the_lowest_address():
 
 
 def test_unknown_allocator_lists_the_known_ones():
-    with pytest.raises(PolicyError, match="caching, cnmem, exact, first-fit"):
+    with pytest.raises(PolicyError, match="caching, cnmem, exact, expandable, first-fit"):
         make_allocator("buddy")
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(["exact", "caching", "cnmem", "first-fit"]),
+@given(name=st.sampled_from(["exact", "caching", "cnmem", "first-fit", "expandable"]),
        ops=st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB), st.integers(0, 3)),
                     min_size=1, max_size=80))
 def test_accounting_identity(name, ops):
@@ -132,7 +132,10 @@ def test_accounting_identity(name, ops):
             a.free(live.pop(size % len(live)))
         assert a.allocated_bytes + a.free_in_segments_bytes() == a.reserved_bytes
         assert a.reserved_bytes <= a.capacity_bytes
+        assert a.free_in_segments_bytes() >= 0
         assert a.allocated_bytes == sum(a.block_size(b) for b in live)
+        for seg in getattr(a, "segments", {}).values():  # expandable: live blocks are mapped
+            assert not any(seg.unmapped_pages(b) for b in live if b.segment.owner is seg.blocks)
         # the running count of fully free segments' bytes (largest_free_bytes reads it)
         pools = list(getattr(a, "pools", {}).values()) + [getattr(a, "pool", None)]
         for p in pools:
@@ -245,3 +248,45 @@ def test_caching_layout_compares_iterations_by_structure_not_address():
     a.malloc(12 * mib)  # takes part of the freed 30 MiB segment: another layout
     assert a.layout() != b.layout()
     assert make_allocator("exact").build(1 << 30).layout() is None
+
+
+def test_expandable_maps_pages_as_blocks_need_them_and_keeps_them_mapped():
+    a = build("expandable", 200 * MiB)
+    x = a.malloc(1000)              # small pool: one 2 MiB page
+    y = a.malloc(3 * MiB)           # large pool: one 20 MiB page
+    assert a.driver_calls == [("map", 2 * MiB), ("map", 20 * MiB)]
+    assert a.reserved_bytes == 22 * MiB and a.allocated_bytes == 1024 + 3 * MiB
+    a.driver_calls.clear()
+    a.free(y)
+    z = a.malloc(3 * MiB)           # the freed block, still mapped: no driver call
+    assert a.driver_calls == [] and a.block_addr(z) == a.block_addr(y)
+    assert a.reserved_bytes == 22 * MiB
+    a.free(x)
+    a.free(z)
+    assert a.allocated_bytes == 0 and a.reserved_bytes == 22 * MiB  # frees unmap nothing
+
+
+def test_expandable_unmaps_free_pages_when_the_capacity_binds():
+    """Fragmentation in addresses: a 30 MiB hole cannot hold 40 MiB, which takes the segment's
+    end; its pages would pass the capacity, so the pages wholly inside free blocks (the hole's
+    first 20 MiB page) are unmapped after a synchronize, and then the new pages mapped."""
+    a = build("expandable", 80 * MiB)
+    first = a.malloc(30 * MiB)
+    a.malloc(30 * MiB)              # [30, 60) MiB: pages 0-2 mapped
+    assert a.reserved_bytes == 60 * MiB
+    a.free(first)
+    a.driver_calls.clear()
+    c = a.malloc(40 * MiB)
+    assert c is not None and a.block_addr(c) == a.block_addr(first) + 60 * MiB
+    assert a.driver_calls == [("sync", 0), ("unmap", 20 * MiB), ("map", 40 * MiB)]
+    assert a.reserved_bytes == 80 * MiB and a.allocated_bytes == 70 * MiB
+    assert a.capacity_hits == 1
+    a.driver_calls.clear()
+    assert a.malloc(30 * MiB) is None  # still over after the release: out of memory
+    assert a.driver_calls[0] == ("sync", 0) and a.reserved_bytes <= 80 * MiB
+
+
+def test_expandable_is_pytorchs_runtime():
+    from vsim.allocator.expandable import Expandable
+
+    assert Expandable.pytorch_runtime  # first iteration and workspace fallback by default

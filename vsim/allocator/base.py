@@ -39,7 +39,8 @@ class Allocator:
         self.reserved_bytes = 0
         self.segment_allocs = 0  # cudaMalloc calls, for their time cost
         # Driver calls since the engine last looked, for their host time (vsim.host):
-        # ("sync", 0) a device-wide synchronize, ("malloc" | "free", segment bytes).
+        # ("sync", 0) a device-wide synchronize, ("malloc" | "free", segment bytes), ("map" |
+        # "unmap", page bytes) with expandable segments.
         self.driver_calls: list[tuple[str, int]] = []
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:

@@ -27,7 +27,7 @@ def add_search(verbs: Any) -> None:
     p.add_argument("--memory", help="device capacity, e.g. 12GiB (default: the profile's "
                    "memory less the CUDA context)")
     p.add_argument("--allocator", default="caching", help="allocator spec (default: caching, "
-                   "PyTorch's default allocator; exact stands in for its expandable segments)")
+                   "PyTorch's default allocator; expandable models its expandable segments)")
     p.add_argument("-o", "--output", help="write the plan here (JSON); run it with "
                    "--policy plan:file=PATH")
     p.add_argument("--budget", default="60", metavar="SECONDS", help="stop the search after "

@@ -35,7 +35,7 @@ def add_run_inspect_list(verbs: Any) -> None:
     p.add_argument("--policy", action="append", help="policy spec NAME[:key=value,...]; give "
                    "several to compare them side by side (default: none)")
     p.add_argument("--allocator", default="caching", help="allocator spec (default: caching, "
-                   "PyTorch's default allocator; exact stands in for its expandable segments)")
+                   "PyTorch's default allocator; expandable models its expandable segments)")
     p.add_argument("--first-iteration", action=argparse.BooleanOptionalAction, help="run a "
                    "training process's first iteration before the reported one, on the same "
                    "allocator (its segments and fragmentation carry over; default: with the "
@@ -92,16 +92,17 @@ def add_compare(verbs: Any) -> None:
 
 
 # What `exact` is to a PyTorch user: said wherever it is used or listed.
-EXACT_NOTE = ("allocator exact: no fragmentation, standing in for PyTorch's expandable segments "
-              "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); PyTorch's default allocator "
-              "is caching")
+EXACT_NOTE = ("allocator exact: no fragmentation and no allocator costs, a bound; PyTorch's "
+              "default allocator is caching, and expandable models its expandable segments "
+              "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
 
 
 ALLOCATOR_NOTES = {
     "caching": "the default: what PyTorch users get, PYTORCH_CUDA_ALLOC_CONF unset",
-    "exact": "stands in for PyTorch's expandable segments, "
-             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which map pages as needed "
-             "and so hardly fragment"}
+    "expandable": "PyTorch's expandable segments, "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: pages mapped as needed, "
+                  "unmapped when the capacity binds, each at its probed host cost",
+    "exact": "no fragmentation and no allocator costs: the optimistic bound"}
 
 
 def cpu_trace_note(trace: Any, hw: Any) -> str | None:

@@ -25,7 +25,7 @@ def add_sweep(verbs: Any) -> None:
     p.add_argument("--policy", nargs="+", action="extend", help="policy specs (default: none)")
     p.add_argument("--allocator", nargs="+", action="extend",
                    help="allocator specs (default: caching, PyTorch's default "
-                   "allocator; exact stands in for its expandable segments)")
+                   "allocator; expandable models its expandable segments)")
     p.add_argument("-o", "--output", action="append", help="results file, .csv or .jsonl "
                    "(repeat for both); configurations already in it are skipped")
     p.add_argument("--workers", type=int,

@@ -533,7 +533,8 @@ class Engine:
     def _driver_calls(self, op: int) -> Generator[simpy.Event, Any, None]:
         """The allocator's driver calls while `op`'s outputs were allocated, on the host: a
         device-wide synchronize waits for every copy in flight (the compute stream is idle
-        here), then each cudaFree and cudaMalloc takes its probed time; the op launches after
+        here), then each cudaFree and cudaMalloc (page unmaps and maps with expandable
+        segments) takes its probed time; the op launches after
         them, and the host has no lead left (vsim.engine.hostclock)."""
         assert self.clock is not None
         costs = self.clock.alloc
@@ -552,6 +553,10 @@ class Engine:
                 synced = True
             elif what == "free":
                 spent += costs.cuda_free.us(size)
+            elif what == "map":  # expandable segments' pages
+                spent += costs.expandable_map.us(size)
+            elif what == "unmap":
+                spent += costs.expandable_unmap.us(size)
             else:
                 spent += costs.cuda_malloc.us(size)
         self.clock.spend(spent)

@@ -1,0 +1,166 @@
+"""`expandable`: PyTorch's caching allocator with expandable segments
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; c10/cuda/CUDACachingAllocator.cpp,
+ExpandableSegment).
+
+Modelled rules:
+- sizes round up to multiples of 512 B; requests of at most 1 MiB come from the small pool,
+  larger ones from the large pool, per stream, as with the plain caching allocator;
+- each pool of each stream is one segment of virtual addresses, backed by physical pages of
+  2 MiB (small pool) or 20 MiB (large pool) mapped as blocks need them. Blocks are split and
+  merged as in the caching allocator (best fit; a split when at least 512 B, large pool above
+  1 MiB, would remain), so fragmentation is in addresses: a request no free block holds takes
+  the segment's end, whose pages must be mapped;
+- a freed block keeps its pages mapped (cached); when the pages a request needs would pass the
+  capacity, every page lying wholly inside a free block of any pool is unmapped first
+  (release_cached_blocks: a device-wide synchronize, then the unmaps), and the request fails
+  when its pages still do not fit.
+
+The driver calls (page maps and unmaps, the synchronize) are what expandable segments cost the
+host: measured per MiB on the H100 (validation/churn/README.md; hardware/host/NAME.yaml's
+`allocator.expandable_map` and `expandable_unmap`) and charged by the engine. Before this model,
+`exact` stood in for expandable segments and charged none of them: the vgg16(256) 12 GiB cases
+measured with expandable segments were predicted 16-31% too fast (validation/README.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import cast
+
+from .base import Allocator, AllocatorSpec, register_allocator
+from .blocks import Block, BlockPool
+from .caching import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size
+
+LARGE_PAGE = 20 << 20  # kLargeBuffer: the large pool's segment maps pages of this size
+SMALL_PAGE = SMALL_BUFFER
+SPAN = 1 << 40  # a segment's virtual addresses (more than any capacity)
+
+
+class _Segment:
+    """One pool's expandable segment: its blocks (one BlockPool over `SPAN` addresses, whose
+    last free block is the unused end) and its mapped pages (sorted page numbers)."""
+
+    __slots__ = ("blocks", "mapped", "page", "split_from")
+
+    def __init__(self, base: int, small: bool, stream: int) -> None:
+        self.page = SMALL_PAGE if small else LARGE_PAGE
+        self.split_from = MIN_BLOCK if small else SMALL_SIZE + 1
+        self.blocks = BlockPool()
+        self.blocks.add_segment(base, SPAN, "small" if small else "large", stream)
+        self.mapped: list[int] = []
+
+    def unmapped_pages(self, block: Block) -> list[int]:
+        first, last = block.addr // self.page, (block.addr + block.size - 1) // self.page
+        mapped = self.mapped
+        i = bisect.bisect_left(mapped, first)
+        have = set(mapped[i:bisect.bisect_right(mapped, last, i)])
+        return [p for p in range(first, last + 1) if p not in have]
+
+    def map(self, pages: list[int]) -> None:
+        for p in pages:
+            bisect.insort(self.mapped, p)
+
+    def unmap_free(self) -> int:
+        """Unmaps the pages lying wholly inside free blocks; returns how many."""
+        page, mapped = self.page, self.mapped
+        keep: list[int] = []
+        gone = 0
+        block: Block | None = self.blocks.segments[0].head
+        i = 0
+        while block is not None and i < len(mapped):
+            if block.free:
+                lo = -(-block.addr // page)
+                hi = (block.addr + block.size) // page  # pages [lo, hi) lie inside
+                j = bisect.bisect_left(mapped, lo, i)
+                keep += mapped[i:j]
+                k = bisect.bisect_left(mapped, hi, j)
+                gone += k - j
+                i = k
+            block = block.next
+        keep += mapped[i:]
+        self.mapped = keep
+        return gone
+
+
+class ExpandableAllocator(Allocator):
+    retries_after_pending_frees = True
+    capacity_only_at_limit = True
+
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__(capacity_bytes)
+        self.segments: dict[tuple[bool, int], _Segment] = {}
+
+    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
+        size = round_size(size_bytes)
+        small = size <= SMALL_SIZE
+        seg = self.segments.get((small, stream))
+        if seg is None:
+            seg = self.segments[(small, stream)] = _Segment(len(self.segments) * SPAN, small,
+                                                            stream)
+        block = seg.blocks.take_best(size, seg.split_from)
+        assert block is not None  # the segment's end holds any request
+        pages = seg.unmapped_pages(block)
+        if self.reserved_bytes + len(pages) * seg.page > self.capacity_bytes:
+            seg.blocks.give_back(block)
+            self.capacity_hits += 1
+            self.driver_calls.append(("sync", 0))
+            for other in self.segments.values():
+                gone = other.unmap_free() * other.page
+                if gone:
+                    self.driver_calls.append(("unmap", gone))
+                    self.reserved_bytes -= gone
+            block = seg.blocks.take_best(size, seg.split_from)
+            assert block is not None
+            pages = seg.unmapped_pages(block)
+            if self.reserved_bytes + len(pages) * seg.page > self.capacity_bytes:
+                seg.blocks.give_back(block)
+                return None
+        if pages:
+            seg.map(pages)
+            self.driver_calls.append(("map", len(pages) * seg.page))
+            self.segment_allocs += 1
+            self.reserved_bytes += len(pages) * seg.page
+        self.allocated_bytes += block.size
+        return block
+
+    def free(self, block: object) -> None:
+        b = cast(Block, block)
+        self.allocated_bytes -= b.size
+        owner = b.segment.owner
+        assert owner is not None
+        owner.give_back(b)
+
+    def block_size(self, block: object) -> int:
+        return cast(Block, block).size
+
+    def block_addr(self, block: object) -> int:
+        return cast(Block, block).addr
+
+    def largest_free_bytes(self) -> int:
+        # what a request could map after unmapping every free page (fragmentation in addresses
+        # costs no physical memory)
+        return max(0, self.capacity_bytes - self.allocated_bytes) // MIN_BLOCK * MIN_BLOCK
+
+    def layout(self) -> object:
+        out = []
+        for key, seg in sorted(self.segments.items()):
+            block: Block | None = seg.blocks.segments[0].head
+            blocks = []
+            while block is not None:
+                blocks.append((block.addr, block.size, block.free))
+                block = block.next
+            out.append((key, tuple(blocks), tuple(seg.mapped)))
+        return tuple(out)
+
+
+@register_allocator
+@dataclass(frozen=True)
+class Expandable(AllocatorSpec):
+    name = "expandable"
+    description = ("PyTorch's caching allocator with expandable segments: pages mapped as "
+                   "blocks need them, unmapped from free blocks when the capacity binds")
+    pytorch_runtime = True
+
+    def build(self, capacity_bytes: int) -> Allocator:
+        return ExpandableAllocator(capacity_bytes)
