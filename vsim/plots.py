@@ -99,9 +99,11 @@ def plot_run(trace: Trace, report: dict[str, Any], path: str) -> None:
 
 
 def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
-    """Predicted against measured iteration time and peak allocated, one point per case, with
-    the identity line; in each panel the cases outside that panel's own tolerance in red (a
-    time miss does not colour the peak panel)."""
+    """Predicted against measured iteration time and peak allocated, one point per case, on
+    log axes (the cases span two orders of magnitude; equal relative errors lie equally far
+    from the identity), with the identity line and the cases' usual tolerance as a band; in
+    each panel the cases outside that panel's own tolerance in red (a time miss does not colour
+    the peak panel)."""
     from .validate import metric_ok
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
@@ -110,23 +112,34 @@ def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
             (axes[1], "peak_allocated_bytes", "peak_allocated", GIB, "GiB", "peak allocated")):
         pts = [(r["measured"][key] / scale, r["predicted"][key] / scale, metric_ok(r, metric),
                 r["id"])
-               for r in rows if r["measured"].get(key) is not None and r["measured"]["fits"]
-               and r["predicted"]["fits"]]
+               for r in rows if r["measured"].get(key) and r["predicted"].get(key)
+               and r["measured"]["fits"] and r["predicted"]["fits"]]
         if pts:
-            hi = max(max(m, p) for m, p, _, _ in pts) * 1.1
-            ax.plot([0, hi], [0, hi], color="gray", linewidth=1, label="predicted = measured")
+            lo = min(min(m, p) for m, p, _, _ in pts) / 1.25
+            hi = max(max(m, p) for m, p, _, _ in pts) * 1.25
+            tols = sorted(r["tolerance"][metric] for r in rows
+                          if metric in (r.get("tolerance") or {}))
+            ax.plot([lo, hi], [lo, hi], color="gray", linewidth=1, label="predicted = measured")
+            if tols:
+                tol = tols[len(tols) // 2]
+                for f in (1 - tol, 1 + tol):
+                    ax.plot([lo, hi], [lo * f, hi * f], color="gray", linewidth=0.8,
+                            linestyle="--", label=f"±{tol:.0%}" if f > 1 else None)
             for ok in (True, False):
                 sel = [(m, p) for m, p, o, _ in pts if o is ok]
                 if sel:
                     ax.scatter(*zip(*sel, strict=True), color="#4c72b0" if ok else "#d62728",
-                               label="within tolerance" if ok else "outside tolerance", zorder=3)
-            ax.set_xlim(0, hi)
-            ax.set_ylim(0, hi)
+                               s=14, label="within tolerance" if ok else "outside tolerance",
+                               zorder=3)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {label} ({unit})")
         ax.set_ylabel(f"predicted {label} ({unit})")
         misses = sum(not o for _, _, o, _ in pts)
         ax.set_title(f"{label}: {len(pts)} cases, {misses} outside tolerance")
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()
     _save(fig, path)
