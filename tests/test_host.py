@@ -35,6 +35,9 @@ def test_costs_by_name_then_phase_plus_weights(tmp_path: Path) -> None:
     ("by_phase: {fwd: .inf}", "by_phase.fwd"),
     ("by_phase: {fwd: 1.0}\nby_name: {fwd: {'aten::x': 'fast'}}", "by_name.fwd.aten::x"),
     ("by_phase: {fwd: 1.0}\nallocator: {cuda_malloc: 3}", "allocator.cuda_malloc"),
+    ("by_phase: {fwd: 1.0}\nexecutor: {calls_per_op: [1, 2]}", "executor.calls_per_op"),
+    ("by_phase: {fwd: 1.0}\nexecutor: {calls_per_op: {'aten::linear': 0}}",
+     "executor.calls_per_op"),
 ])
 def test_malformed_files_name_the_file_and_key(tmp_path: Path, text: str, where: str) -> None:
     f = tmp_path / "bad.yaml"
@@ -98,6 +101,34 @@ def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) 
     untracked = HostClock(trace, m, False, index)
     untracked.recompute(trace.ops[0])
     assert untracked.ready_us(3) == 13.0
+
+
+def test_recording_and_replay_are_charged_per_aten_call_of_the_recomputed_ops(
+        tmp_path: Path) -> None:
+    """A forward op some Recompute re-runs is recorded after it runs, at record_call_us per
+    aten call, and replayed at recompute_call_us per call; an op's calls come from
+    calls_per_op by name (else its default): here linear makes 4 calls, relu the default 2."""
+    from vsim.engine.hostclock import HostClock
+    from vsim.plan import Drop, Plan, PlanIndex, Recompute
+
+    f = tmp_path / "m.yaml"
+    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\n"
+                 "executor: {recompute_call_us: 3.0, record_call_us: 5.0,\n"
+                 "           calls_per_op: {default: 2, 'aten::linear': 4}}\n")
+    m = read_host_model(f)
+    trace = Trace(meta={"source": "measured"}, tensors=(),
+                  ops=(_op(0, "aten::linear", "fwd"), _op(1, "aten::relu", "fwd"),
+                       _op(2, "aten::relu", "fwd"), _op(3, "ReluBackward0", "bwd")))
+    index = PlanIndex(Plan(actions=(Drop(tensor=1, after_op=1),
+                                    Recompute(ops=(0, 1), before_op=3, tensors=(1,)))))
+    assert index.recomputed_ops == {0, 1}
+    clock = HostClock(trace, m, True, index)
+    # recorded after ops 0 (4 calls x 5 us) and 1 (2 x 5): op 2 issues 30 us later
+    assert [clock.ready_us(i) for i in range(4)] == [0.0, 21.0, 32.0, 33.0]
+    clock.recompute(trace.ops[0])
+    clock.recompute(trace.ops[1])
+    assert clock.ready_us(3) == 33.0 + 3.0 * (4 + 2)
+    assert HostClock(trace, m, False, index).ready_us(3) == 3.0  # an ideal runtime: none
 
 
 def test_runtime_cost_can_be_switched_off() -> None:

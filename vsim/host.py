@@ -63,11 +63,22 @@ class HostModel:
     tracker_us_per_op: float = 0.0
     # The executor's own host work per action (validation/host/fit_executor.py): per offload or
     # prefetch issued, per release or drop, per recomputed aten call (its replay, issue
-    # included). Like the tracker, costs of vsim's Python runtime, paid only in its runs.
+    # included), per aten call recorded in forward for a later recomputation. Like the
+    # tracker, costs of vsim's Python runtime, paid only in its runs. A trace op is one aten
+    # call or several (`aten::linear` under autocast: a cast, a transpose, addmm, views):
+    # `calls_per_op` by op name, from the runtime's op maps (validation/host/calls_per_op.py),
+    # `calls_default` for a name not in it. Empty: one call per op (profiles before it).
     copy_us: float = 0.0
     free_us: float = 0.0
     recompute_call_us: float = 0.0
+    record_call_us: float = 0.0
+    calls_per_op: dict[str, float] = field(default_factory=dict)
+    calls_default: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def calls(self, op: Op) -> float:
+        """Aten calls the runtime replays or records for forward op `op`."""
+        return self.calls_per_op.get(op.name, self.calls_default)
 
     def op_us(self, op: Op) -> float:
         phase = op.phase if op.phase in self.by_phase else "fwd"
@@ -142,6 +153,20 @@ def read_host_model(path: Path) -> HostModel:
     executor = doc.get("executor") or {}
     if not isinstance(executor, dict):
         raise HardwareError(f"{path}: executor must be a mapping")
+    calls_raw = executor.get("calls_per_op") or {}
+    if not isinstance(calls_raw, dict):
+        raise HardwareError(f"{path}: executor.calls_per_op must map op names to call counts")
+
+    def count(value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 < float(value) < 1e4:
+            raise HardwareError(f"{path}: {where} must be a call count in (0, 1e4), "
+                                f"got {value!r}")
+        return float(value)
+
+    calls = {str(k): count(v, f"executor.calls_per_op.{k}") for k, v in calls_raw.items()
+             if k != "default"}
+    calls_default = count(calls_raw.get("default", 1.0), "executor.calls_per_op.default")
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),
@@ -150,4 +175,7 @@ def read_host_model(path: Path) -> HostModel:
                      copy_us=us(executor.get("copy_us", 0.0), "executor.copy_us"),
                      free_us=us(executor.get("free_us", 0.0), "executor.free_us"),
                      recompute_call_us=us(executor.get("recompute_call_us", 0.0),
-                                          "executor.recompute_call_us"))
+                                          "executor.recompute_call_us"),
+                     record_call_us=us(executor.get("record_call_us", 0.0),
+                                       "executor.record_call_us"),
+                     calls_per_op=calls, calls_default=calls_default)

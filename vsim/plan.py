@@ -94,6 +94,7 @@ class PlanIndex:
         self.drop_after: dict[int, list[int]] = defaultdict(list)
         self.release_after: dict[int, list[int]] = defaultdict(list)
         self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
+        self.recomputed_ops: set[int] = set()  # forward ops some Recompute re-runs
         self.retime: dict[int, Retime] = {}
         for a in plan.actions:
             if isinstance(a, Offload):
@@ -109,6 +110,7 @@ class PlanIndex:
                 self.release_after[a.after_op].append(a.tensor)
             elif isinstance(a, Recompute):
                 self.recompute_before[a.before_op].append(a)
+                self.recomputed_ops.update(a.ops)
             elif isinstance(a, Retime):
                 self.retime[a.op] = a
         # Ops with something hung on them before they run / after they end (every other op

@@ -2,22 +2,26 @@
 
 vsim's executor (vsim/runtime/executor.py) times the host work of carrying out a plan's
 actions in each iteration (`executed.executor_host_us` in validation/measured/*.json, with the
-iteration's counts of offloads, prefetches, releases, drops and recomputed aten calls). That time
-is Python and PyTorch host code: events, stream switches, storage resizes, copy launches, and the
-replay of recomputed aten calls. A linear model per action,
+iteration's counts of offloads, prefetches, releases, drops, recomputed and recorded aten
+calls). That time is Python and PyTorch host code: events, stream switches, storage resizes,
+copy launches, the replay of recomputed aten calls and their recording in forward.
 
-    executor_host_us = copy_us * (offloads + prefetches) + free_us * (releases + drops)
-                       + recompute_call_us * recomputed_calls,
+The runtime times the replay (`executor_recompute_us`) and the recording (`executor_record_us`)
+apart, so each has its own per-call cost: the median over the fitted runs of the run's time per
+call (`recompute_call_us`, `record_call_us`; a joint least-squares fit cannot separate them,
+recorded and replayed calls rising together). The rest of the executor's time,
 
-is fitted (non-negative least squares) on the runs of the FIT models and checked on the others.
-Offloads and prefetches come in equal numbers in almost every run, so they share one cost.
-Runs whose caching allocator retried (allocator_churn.num_alloc_retries > 0) are left out: a
-retry synchronizes the device inside an action, so their executor time includes waiting for the
-GPU, not only host work. So are runs that recompute but whose recording was not yet timed
-(no `executed.executor_record_us`: the runtime before 2026-11-26 07:00 UTC left the recording
-of recomputed calls out of `executor_host_us`); the recording is charged with the replay, per
-recomputed call. Writes nothing: prints the values for hardware/host/NAME.yaml's
-`executor` section and the check table.
+    executor_host_us - recompute - record = copy_us * (offloads + prefetches)
+                                            + free_us * (releases + drops),
+
+is fitted (non-negative least squares). Offloads and prefetches come in equal numbers in almost
+every run, so they share one cost. The engine charges the replay and the recording per aten
+call, a trace op counting as `calls_per_op` calls (validation/host/calls_per_op.py). Runs whose
+caching allocator retried (allocator_churn.num_alloc_retries > 0) are left out: a retry
+synchronizes the device inside an action, so their executor time includes waiting for the GPU.
+So are runs that recompute but whose recording was not timed (before 2026-11-26 07:00 UTC).
+Fitted on the FIT models, checked on the others. Writes nothing: prints the values for
+hardware/host/NAME.yaml's `executor` section and the check table.
 
     python validation/host/fit_executor.py \
         --hold-out efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2
@@ -34,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-TERMS = ("copy_us", "free_us", "recompute_call_us")
+TERMS = ("copy_us", "free_us", "recompute_call_us", "record_call_us")  # in this order
 
 
 def runs(hardware: str) -> list[dict]:
@@ -44,12 +48,17 @@ def runs(hardware: str) -> list[dict]:
         ex = d.get("executed")
         if not ex or d.get("iteration_time_us") is None or d.get("hardware") != hardware:
             continue
-        x = [ex["offloads"] + ex["prefetches"], ex["releases"] + ex["drops"],
-             ex["recomputed_calls"]]
-        if sum(x) == 0 or (ex["recomputed_calls"] and "executor_record_us" not in ex):
+        x = [ex["offloads"] + ex["prefetches"], ex["releases"] + ex["drops"]]
+        if sum(x) + ex["recomputed_calls"] == 0 or \
+                (ex["recomputed_calls"] and "executor_record_us" not in ex):
             continue
         churn = d.get("allocator_churn") or {}
-        out.append({"id": d["id"], "model": d["model"], "x": x, "y": ex["executor_host_us"],
+        replay, record = ex.get("executor_recompute_us", 0.0), ex.get("executor_record_us", 0.0)
+        out.append({"id": d["id"], "model": d["model"], "x": x,
+                    "y": ex["executor_host_us"] - replay - record,
+                    "host": ex["executor_host_us"],
+                    "replay": (replay, ex["recomputed_calls"]),
+                    "record": (record, ex.get("recorded_calls", 0)),
                     "retried": bool(churn.get("num_alloc_retries"))})
     return out
 
@@ -70,6 +79,11 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def per_call(rows: list[dict], key: str) -> float:
+    got = [us / n for r in rows for us, n in (r[key],) if n]
+    return float(np.median(got)) if got else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hardware", default="h100-sxm")
@@ -79,16 +93,24 @@ def main() -> None:
     data = runs(args.hardware)
     fit = [r for r in data if r["model"] not in held and not r["retried"]]
     c = nnls(np.array([r["x"] for r in fit], float), np.array([r["y"] for r in fit], float))
+    values = dict(zip(TERMS, [*c, per_call(fit, "replay"), per_call(fit, "record")],
+                      strict=True))
     print("executor:")
-    for name, v in zip(TERMS, c, strict=True):
+    for name, v in values.items():
         print(f"  {name}: {v:.1f}")
     print(f"fit on {len(fit)} runs of {len({r['model'] for r in fit})} models; held out: "
           f"{sorted(held)}")
 
+    def predict(r: dict) -> float:
+        return (values["copy_us"] * r["x"][0] + values["free_us"] * r["x"][1]
+                + values["recompute_call_us"] * r["replay"][1]
+                + values["record_call_us"] * r["record"][1])
+
     def err(rows: list[dict]) -> str:
+        rows = [r for r in rows if r["host"] > 0]
         if not rows:
             return "-"
-        e = [abs(float(np.dot(c, r["x"])) - r["y"]) / r["y"] for r in rows]
+        e = [abs(predict(r) - r["host"]) / r["host"] for r in rows]
         return (f"{len(rows)} runs, MAPE {100 * sum(e) / len(e):.0f}%, "
                 f"median {100 * float(np.median(e)):.0f}%")
     print("| runs | executor host time error |")

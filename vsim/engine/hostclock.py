@@ -15,8 +15,10 @@ Tracked (`tracked=True`): the run is vsim's own runtime (vsim.runtime's executor
 a plan, whose Python costs the host more (validation/host/README.md): its dispatch mode costs
 `model.tracker_us_per_op` per op, and carrying out the plan's actions costs `copy_us` per
 offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
-for prefetches and offloads at it, after it for the rest), and a recomputed op is replayed at
-`recompute_call_us` (the executor replays its aten call) instead of PyTorch's forward cost.
+for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
+is recorded after it runs at `record_call_us` per aten call, and a recomputed op is replayed at
+`recompute_call_us` per aten call instead of PyTorch's forward cost; an op's calls are
+`HostModel.calls(op)` (by op name, from the runtime's op maps).
 These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
 (C++) runtime would not pay them: `tracked=False` predicts that.
 """
@@ -28,14 +30,19 @@ from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
 
 
-def executor_us(model: HostModel, index: PlanIndex | None, op: int) -> tuple[float, float]:
-    """The executor's host time for the actions hung on `op`: (before it, after it)."""
+def executor_us(model: HostModel, index: PlanIndex | None, op: Op) -> tuple[float, float]:
+    """The executor's host time for the actions hung on `op`: (before it, after it). Recording
+    a forward op that a Recompute re-runs is after it (the runtime records its calls as they
+    return)."""
     if index is None:
         return 0.0, 0.0
-    before = model.copy_us * (len(index.prefetch_at.get(op, ())) +
-                               len(index.offload_at.get(op, ())))
-    after = model.copy_us * len(index.offload_after.get(op, ())) + model.free_us * (
-        len(index.release_after.get(op, ())) + len(index.drop_after.get(op, ())))
+    oid = op.id
+    before = model.copy_us * (len(index.prefetch_at.get(oid, ())) +
+                               len(index.offload_at.get(oid, ())))
+    after = model.copy_us * len(index.offload_after.get(oid, ())) + model.free_us * (
+        len(index.release_after.get(oid, ())) + len(index.drop_after.get(oid, ())))
+    if model.record_call_us and oid in index.recomputed_ops:
+        after += model.record_call_us * model.calls(op)
     return before, after
 
 
@@ -54,7 +61,7 @@ class HostClock:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            before, after = executor_us(model, index if tracked else None, op.id)
+            before, after = executor_us(model, index if tracked else None, op)
             runtime += per_op + before
             self.issue[op.id] = clock + runtime
             runtime += after
@@ -75,7 +82,7 @@ class HostClock:
     def recompute_us(self, op: Op) -> float:
         """Host time to re-run a forward op (the executor's replay when tracked)."""
         if self.tracked and self.model.recompute_call_us > 0:
-            return self.model.recompute_call_us
+            return self.model.recompute_call_us * self.model.calls(op)
         return self.model.op_us(op)
 
     def recompute(self, op: Op) -> None:

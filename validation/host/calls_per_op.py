@@ -1,0 +1,68 @@
+"""Aten calls per trace op, by op name, from the runtime's op maps (issue 15: the engine charges
+a recomputation's replay and recording per aten call the runtime replays or records, and a trace
+op can be one call, `aten::conv2d`, or several, `aten::linear` under autocast: cast, transpose,
+addmm, views). Reads the op maps that `python -m vsim.runtime.measure SUITE OUT --separate-maps`
+writes (`OUT/map-MODEL-bBATCH.json`; the ones of the 2026-11-26 H100 and H200 runs are in
+opmaps/), counts the calls each map gives each trace op (`call_op`), and prints the mean per
+forward op name (`aten::...`, what recomputation re-runs) as YAML for hardware/host/NAME.yaml's
+`executor.calls_per_op`, with the mean over every forward op as `default`. `--hold-out` leaves
+models out (to check the table on them: `--check`). Writes nothing.
+
+    python validation/host/calls_per_op.py validation/host/opmaps/*.json.gz [--hold-out M,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+
+def per_op(path: Path) -> tuple[str, list[tuple[str, int]]]:
+    raw = path.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    counts = collections.Counter(doc["call_op"])
+    model = path.name.removeprefix("map-").split(".")[0].rsplit("-", 1)[0]
+    return model, [(name, counts.get(i, 0)) for i, name in enumerate(doc["op_names"])
+                   if name.startswith("aten::")]
+
+
+def table(maps: list[tuple[str, list[tuple[str, int]]]]) -> tuple[dict[str, float], float]:
+    by_name: dict[str, list[int]] = collections.defaultdict(list)
+    for _, ops in maps:
+        for name, n in ops:
+            by_name[name].append(n)
+    every = [n for v in by_name.values() for n in v]
+    return ({k: round(statistics.mean(v), 2) for k, v in sorted(by_name.items())},
+            round(statistics.mean(every), 2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("maps", nargs="+", type=Path)
+    ap.add_argument("--hold-out", default="", help="models left out of the table")
+    args = ap.parse_args()
+    held = set(filter(None, args.hold_out.split(",")))
+    maps = [per_op(p) for p in args.maps]
+    fit = [m for m in maps if m[0].rsplit("-b", 1)[0] not in held]
+    names, default = table(fit)
+    print(f"  # aten calls per forward trace op (validation/host/calls_per_op.py over "
+          f"{len(fit)} op maps)")
+    print("  calls_per_op:")
+    print(f"    default: {default}")
+    for name, v in names.items():
+        print(f"    {name}: {v}")
+    for model, ops in maps:
+        if model.rsplit("-b", 1)[0] not in held:
+            continue
+        true = sum(n for _, n in ops)
+        est = sum(names.get(name, default) for name, _ in ops)
+        print(f"# held out {model}: {true} calls on its forward ops, the table says "
+              f"{est:.0f} ({100 * (est / true - 1):+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
