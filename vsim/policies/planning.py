@@ -83,19 +83,25 @@ class Usage:
 
     def __init__(self, view: TraceView, retimes: Iterable[Retime] = ()) -> None:
         self.view = view
-        n = view.n_slots
-        delta = np.zeros(n + 1, dtype=np.int64)
-        no_ws = {r.op for r in retimes if r.workspace_bytes == 0}
-        for t in view.trace.tensors:
-            ten = view.tensor[t.id]
-            if ten.kind == "workspace" and ten.producer in no_ws:
-                continue
-            if ten.producer is not None and ten.producer not in view.pos:
-                continue
-            lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
-            delta[lo] += ten.size_bytes
-            delta[hi] -= ten.size_bytes
-        self.bytes = np.cumsum(delta)[:n]
+        no_ws = frozenset(r.op for r in retimes if r.workspace_bytes == 0)
+        # per set of workspace-free ops, memoised on the view (a profiling loop plans with the
+        # same few sets at every budget); each Usage has its own copy
+        key = ("usage", no_ws)
+        base = view.memo.get(key)
+        if base is None:
+            n = view.n_slots
+            delta = np.zeros(n + 1, dtype=np.int64)
+            for t in view.trace.tensors:
+                ten = view.tensor[t.id]
+                if ten.kind == "workspace" and ten.producer in no_ws:
+                    continue
+                if ten.producer is not None and ten.producer not in view.pos:
+                    continue
+                lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
+                delta[lo] += ten.size_bytes
+                delta[hi] -= ten.size_bytes
+            base = view.memo[key] = np.cumsum(delta)[:n]
+        self.bytes = base.copy()
 
     def copy(self) -> Usage:
         """An independent copy (the profile's bytes copied, the view shared)."""
@@ -342,7 +348,16 @@ def alive_in_trace(view: TraceView, t: int, slot: int) -> bool:
 def liveness_releases(view: TraceView, kinds: tuple[str, ...] = (
         "activation", "gradient", "temporary", "workspace")) -> list[Release]:
     """Free each tensor after its last reader when the trace keeps it longer (SuperNeurons'
-    liveness analysis): tensors the trace never frees, or frees after a later op."""
+    liveness analysis): tensors the trace never frees, or frees after a later op. Memoised on
+    the view (independent of the budget: the profiling loop plans for many); a fresh list."""
+    key = ("liveness_releases", kinds)
+    got = view.memo.get(key)
+    if got is None:
+        got = view.memo[key] = _liveness_releases(view, kinds)
+    return list(got)
+
+
+def _liveness_releases(view: TraceView, kinds: tuple[str, ...]) -> list[Release]:
     out = []
     for ten in view.trace.tensors:
         if ten.kind not in kinds or ten.producer is None or ten.producer not in view.pos:
@@ -517,15 +532,27 @@ class Evictions:
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
         free_at = self._queue_ends[i - 1] if i else 0.0
-        for j in range(i, len(self._queue_keys)):
-            q = self._queue_swaps[j]
-            issue = view.end_time(q.offload_op) if q.after else view.time_at(q.offload_op)
-            free_at = max(issue, free_at) + self.timeline.d2h_us(view.tensor[q.tensor].size_bytes)
-            self._queue_ends[j] = q.copy_done_us = free_at
-        if self._queue_np is not None:  # the arrays likewise, from i on (not rebuilt whole)
+        ends_list, swaps, stop = self._queue_ends, self._queue_swaps, len(self._queue_keys)
+        end_time, time_at, tensor = view.end_time, view.time_at, view.tensor
+        d2h_us = self.timeline.d2h_us
+        for j in range(i, stop):
+            q = swaps[j]
+            issue = end_time(q.offload_op) if q.after else time_at(q.offload_op)
+            free_at = max(issue, free_at) + d2h_us(tensor[q.tensor].size_bytes)
+            if j > i and ends_list[j] == free_at:
+                # each end follows from the one before alone (max(issue, previous end) + copy
+                # time): from an end that does not move on, none does
+                stop = j
+                break
+            ends_list[j] = q.copy_done_us = free_at
+        if self._queue_np is not None:  # the arrays likewise, from i to stop (not rebuilt)
             keys, ends = self._queue_np
-            self._queue_np = (np.insert(keys, i, self._queue_enc[i]), np.concatenate(
-                [ends[:i + 1], np.array(self._queue_ends[i:], dtype=np.float64)]))
+            # (np.insert's own overhead was a third of the insertion: concatenated instead)
+            self._queue_np = (
+                np.concatenate((keys[:i], np.array((self._queue_enc[i],), dtype=np.int64),
+                                keys[i:])),
+                np.concatenate((ends[:i + 1], np.array(ends_list[i:stop], dtype=np.float64),
+                                ends[stop:])))
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         after = self.last_fwd_use(t)
