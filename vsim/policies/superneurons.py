@@ -30,6 +30,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..plan import Action, Drop, Plan, Recompute
 from ..spec import choice
 from ..units import format_size
@@ -195,12 +197,19 @@ class SuperNeurons(FittedPolicy):
             # Least recently used first. Blocking, a swap's window does not depend on the
             # swaps chosen before it: the candidates are sorted once (planning time, issue 14).
             lru = sorted((view.end(ev.last_fwd_use(t)), t, *ev.swap_window(t)) for t in pool)
+            # the first in LRU order whose window covers the slot over the budget, not yet
+            # swapped (only this loop swaps): as arrays, a scan in C per eviction
+            ids = [t for _, t, _, _ in lru]
+            lo = np.array([w for _, _, w, _ in lru], dtype=np.int64)
+            hi = np.array([w for _, _, _, w in lru], dtype=np.int64)
+            open_ = np.array([t not in ev.swaps for t in ids], dtype=bool)
             while (x := ev.usage.over(budget)) is not None:
-                best = next((t for _, t, lo, hi in lru if lo <= x < hi and t not in ev.swaps),
-                            None)
-                if best is None:
+                covers = np.flatnonzero(open_ & (lo <= x) & (x < hi))
+                if not len(covers):
                     break
-                ev.add_swap(best)
+                j = int(covers[0])
+                open_[j] = False
+                ev.add_swap(ids[j])
                 n_others += pool is others
         ev.place_prefetches(lambda s: _previous_bwd_conv(view, s))
         notes = list(at.retime_notes)
