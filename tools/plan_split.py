@@ -17,8 +17,7 @@ import time
 from typing import Any
 
 from vsim.allocator import make_allocator
-from vsim.engine import planning_runner, run_plan
-from vsim.engine import simulator
+from vsim.engine import planning_runner, run_plan, simulator
 from vsim.hardware import load_hardware
 from vsim.policies import fitted, make_policy
 
@@ -67,14 +66,14 @@ def main() -> int:
                 t0 = time.process_time()
                 plan = make_policy(spec).plan_with(trace, hw, cap, runner)
                 first = time.process_time() - t0
-                own = min(_timed(lambda: make_policy(spec).plan_with(trace, hw, cap, runner))
+                own = min(_timed(make_policy(spec).plan_with, trace, hw, cap, runner)
                           for _ in range(args.repeat))
             finally:
                 fitted.check = check
             runs = []
             for _ in range(args.repeat):
                 iterations[0] = 0
-                runs.append(_timed(lambda: runner(trace, hw, plan, None, cap)))
+                runs.append(_timed(runner, trace, hw, plan, None, cap))
             digest = hashlib.sha256(repr(dataclasses.replace(plan, notes=())).encode()
                                     ).hexdigest()[:12]
             print(json.dumps({
@@ -86,9 +85,9 @@ def main() -> int:
     return 0
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Any, *args: Any) -> float:
     t0 = time.process_time()
-    fn()
+    fn(*args)
     return time.process_time() - t0
 
 
