@@ -274,17 +274,19 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     needed = set(targets)
     chosen: list[int] = []
     # (the DP's segment shapes call this thousands of times: names bound once)
-    by_id, tensor, mutates_of, none = view.op, view.tensor, view.mutates, frozenset[int]()
-    alloc, free = view.alloc_slot, view.free_slot
+    by_id, tensor, mutates_of = view.op, view.tensor, view.mutates
+    alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001  (alloc_slot's dicts)
     for o in reversed(ops):
         op = by_id[o]
-        mutates = mutates_of.get(o, none)
-        if not needed.isdisjoint(op.writes) or not needed.isdisjoint(mutates):
+        mutates = mutates_of.get(o)  # (most ops update nothing in place)
+        if not needed.isdisjoint(op.writes) or (mutates is not None
+                                                 and not needed.isdisjoint(mutates)):
             chosen.append(o)
-            needed |= mutates
+            if mutates is not None:
+                needed |= mutates
             for t in op.reads:
                 if tensor[t].producer in among and (t in gone or not
-                                                    alloc(t) <= slot < free(t)):
+                                                    alloc[t] <= slot < free[t]):
                     needed.add(t)
     return tuple(reversed(chosen))
 
@@ -306,15 +308,20 @@ def stale_inputs(view: TraceView, chain: Iterable[int],
     chain = list(chain)
     # only inputs that some op updates in place can be stale (most have none: the DP asks this
     # for thousands of segments)
+    has_updates = view._updates  # noqa: SLF001  (view.updates(t) is non-empty iff t is a key)
     updated = [t for t in (chain_inputs(view, chain) if inputs is None else inputs)
-               if view.updates(t)]
+               if t in has_updates]
     if not updated:
         return set()
-    pos = view.pos
-    first: dict[int, int] = {}
+    pos, by_id, wanted = view.pos, view.op, set(updated)
+    first: dict[int, int] = {}  # per updated input, the first chain op that reads it
     for o in chain:
-        for t in view.op[o].reads:
-            first[t] = min(first.get(t, pos[o]), pos[o])
+        p = pos[o]
+        for t in by_id[o].reads:
+            if t in wanted:
+                f = first.get(t)
+                if f is None or p < f:
+                    first[t] = p
     return {t for t in updated if any(pos[u] >= first[t] for u in view.updates(t))}
 
 
