@@ -63,8 +63,14 @@ class AccUDNN(FittedPolicy):
         candidates, ids, size, exposed, lo, hi, issues = view.memo[key]
         open_ = np.ones(len(candidates), dtype=bool)
         hidden, best_cost = 0, 0.0
-        while (x := ev.usage.over(budget)) is not None:
-            covers = np.flatnonzero(open_ & (lo <= x) & (x < hi))
+        # Each swap only takes bytes off the profile (in place: blocking), so the first slot
+        # over the budget never moves back: the search resumes from it, and the candidates
+        # covering it, while it stays, are those before less the one swapped.
+        start, covered_at, covers = 0, -1, np.empty(0, dtype=np.int64)
+        while (x := ev.usage.over(budget, start)) is not None:
+            start = x
+            if x != covered_at:
+                covers, covered_at = np.flatnonzero(open_ & (lo <= x) & (x < hi)), x
             if not len(covers):
                 break
             cost = exposed[covers] + ev.blocking_us_many(
@@ -77,6 +83,7 @@ class AccUDNN(FittedPolicy):
             i = int(covers[j])
             best_cost = float(cost[j])
             open_[i] = False
+            covers = np.delete(covers, j)
             ev.add_swap(candidates[i])
             hidden += best_cost == 0
         jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())
