@@ -65,25 +65,34 @@ class AccUDNN(FittedPolicy):
         hidden, best_cost = 0, 0.0
         # Each swap only takes bytes off the profile (in place: blocking), so the first slot
         # over the budget never moves back: the search resumes from it, and the candidates
-        # covering it, while it stays, are those before less the one swapped.
-        start, covered_at, covers = 0, -1, np.empty(0, dtype=np.int64)
+        # covering it, while it stays, are those before less the ones swapped (their columns
+        # taken once per slot; a swapped one is masked, its cost infinite).
+        start, covered_at, left = 0, -1, 0
         while (x := ev.usage.over(budget, start)) is not None:
             start = x
             if x != covered_at:
                 covers, covered_at = np.flatnonzero(open_ & (lo <= x) & (x < hi)), x
-            if not len(covers):
+                c_exposed, c_ids, c_size = exposed[covers], ids[covers], size[covers]
+                c_issues = (issues[0][covers], issues[1][covers], issues[2][covers])
+                taken = np.zeros(len(covers), dtype=bool)
+                left = len(covers)
+            if not left:
                 break
-            cost = exposed[covers] + ev.blocking_us_many(
-                (issues[0][covers], issues[1][covers], issues[2][covers]), x)
+            cost = c_exposed + ev.blocking_us_many(c_issues, x)
+            cost[taken] = np.inf
             hides = np.flatnonzero(cost == 0)
+            # (the orders lexsort gave, by one pass each: ids are distinct)
             if len(hides):  # one that hides, the largest first, then the lowest id
-                j = hides[np.lexsort((ids[covers[hides]], -size[covers[hides]]))[0]]
+                largest = hides[c_size[hides] == c_size[hides].max()]
+                j = int(largest[np.argmin(c_ids[largest])])
             else:  # the least exposed, then the lowest id
-                j = np.lexsort((ids[covers], cost))[0]
+                least = np.flatnonzero(cost == cost.min())
+                j = int(least[np.argmin(c_ids[least])])
             i = int(covers[j])
             best_cost = float(cost[j])
             open_[i] = False
-            covers = np.delete(covers, j)
+            taken[j] = True
+            left -= 1
             ev.add_swap(candidates[i])
             hidden += best_cost == 0
         jit = jit_prefetch_slots(view, ev.timeline, ev.swaps.values())

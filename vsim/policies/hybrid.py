@@ -117,7 +117,15 @@ class Hybrid(FittedPolicy):
             recompute = np.concatenate([np.zeros(len(sw), dtype=bool),
                                         np.ones(len(rc), dtype=bool)])
             # the least cost per byte saved; then the largest, the lowest id, recompute first
-            j = np.lexsort((~recompute, ids[which], -size[which], ratio))[0]
+            # (lexsort's first, by a pass per key over the ties left: (id, how) is unique)
+            tie = np.flatnonzero(ratio == ratio.min())
+            if len(tie) > 1:
+                tie = tie[size[which[tie]] == size[which[tie]].max()]
+            if len(tie) > 1:
+                tie = tie[ids[which[tie]] == ids[which[tie]].min()]
+            if len(tie) > 1 and recompute[tie].any():
+                tie = tie[recompute[tie]]
+            j = int(tie[0])
             i, cost_per_byte = int(which[j]), float(ratio[j])
             t = cands[i]
             how = "recompute" if recompute[j] else "swap"
