@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .base import Allocator, AllocatorSpec, register_allocator
-from .blocks import Block, BlockPool
+from .blocks import ADDR_BITS, Block, BlockPool
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -140,9 +140,11 @@ class CachingAllocator(Allocator):
         # (one pass: the engine asks on every request of a plan that waits for memory)
         cached = releasable = 0
         for p in self.pools.values():
-            largest = p.free.largest()
-            if largest > cached:
-                cached = largest
+            by_size = p.free.by_size  # (FreeIndex.largest written out)
+            if by_size:
+                largest = -by_size[0] >> ADDR_BITS
+                if largest > cached:
+                    cached = largest
             releasable += p.free_segment_bytes
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 
