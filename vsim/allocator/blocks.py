@@ -46,6 +46,7 @@ class Segment:
 _ADDR_BITS = 64
 ADDR_BITS = _ADDR_BITS  # (for the caching allocator's inlined lookups)
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
+ADDR_MASK = _ADDR_MASK
 
 
 class FreeIndex:

@@ -290,7 +290,7 @@ class Engine:
         done, completed = self.done, self.completed
         executed_append, finished_add = self.executed.append, self.finished.add
         state_get, h2d_used, release = state.get, transfers.h2d_used, self.memory.release
-        tensors, largest_free = self.tensors, self.allocator.largest_free_bytes
+        tensors, serves_now = self.tensors, self.allocator.serves_now
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -358,7 +358,7 @@ class Engine:
                     if no_ws and tensors[t].kind == "workspace":
                         k += 1
                         continue
-                    if wait_for_memory and size[t] > largest_free():
+                    if wait_for_memory and not serves_now(size[t]):
                         break
                     if not allocate(t, size[t], wait_start, oid):
                         failed = True
@@ -470,7 +470,7 @@ class Engine:
                 ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
             # _alloc_waiting's first steps inline (most requests are served at once): no need
             # to wait for memory, and the allocation succeeds
-            elif wait and size[t] > memory.allocator.largest_free_bytes():
+            elif wait and not memory.allocator.serves_now(size[t]):
                 ok = yield from self._alloc_waiting(t, op.id, fall_back=True)
             elif memory.allocate(t, size[t], self.env.now, op.id):
                 continue
@@ -487,7 +487,7 @@ class Engine:
         in flight (whose op has ended, so that only their copy holds the memory) to give their
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
         size = self.size[tensor]
-        while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
+        while self.plan.wait_for_memory and not self.memory.allocator.serves_now(size):
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
             pending = self.transfers.releasing_memory("any")
