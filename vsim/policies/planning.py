@@ -553,20 +553,19 @@ class Evictions:
         self._queue_enc.insert(i, self._encode(key))
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
+        self._queue_cost.insert(i, self._copy_cost(s))
         free_at = self._queue_ends[i - 1] if i else 0.0
         ends_list, swaps, stop = self._queue_ends, self._queue_swaps, len(self._queue_keys)
-        end_time, time_at, tensor = view.end_time, view.time_at, view.tensor
-        d2h_us = self.timeline.d2h_us
+        cost = self._queue_cost
         for j in range(i, stop):
-            q = swaps[j]
-            issue = end_time(q.offload_op) if q.after else time_at(q.offload_op)
-            free_at = max(issue, free_at) + d2h_us(tensor[q.tensor].size_bytes)
+            issue, d2h = cost[j]
+            free_at = max(issue, free_at) + d2h
             if j > i and ends_list[j] == free_at:
                 # each end follows from the one before alone (max(issue, previous end) + copy
                 # time): from an end that does not move on, none does
                 stop = j
                 break
-            ends_list[j] = q.copy_done_us = free_at
+            ends_list[j] = swaps[j].copy_done_us = free_at
         if self._queue_np is not None:  # the arrays likewise, from i to stop (not rebuilt)
             keys, ends = self._queue_np
             # (np.insert's own overhead was a third of the insertion: concatenated instead)
@@ -575,6 +574,13 @@ class Evictions:
                                 keys[i:])),
                 np.concatenate((ends[:i + 1], np.array(ends_list[i:stop], dtype=np.float64),
                                 ends[stop:])))
+
+    def _copy_cost(self, s: Swap) -> tuple[float, float]:
+        """When the swap's D2H copy is issued (the trace's clock) and how long it takes: what
+        re-timing the queue behind an insertion needs of each queued swap."""
+        view = self.view
+        issue = view.end_time(s.offload_op) if s.after else view.time_at(s.offload_op)
+        return issue, self.timeline.d2h_us(view.tensor[s.tensor].size_bytes)
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         after = self.last_fwd_use(t)
@@ -626,6 +632,7 @@ class Evictions:
         self._queue_ends = [s.copy_done_us for s in queue]
         self._queue_swaps = queue
         self._queue_enc = [self._encode(k) for k in self._queue_keys]
+        self._queue_cost = [self._copy_cost(s) for s in queue]
         self._queue_np = None
         self._stale = False
         for s in self.swaps.values():
