@@ -24,6 +24,8 @@ implicit GEMM with no workspace. Its time, in order of preference:
 
 from __future__ import annotations
 
+import weakref
+
 from .compute import Efficiencies, load_efficiencies, memory_algo_ratio, op_class, op_costs
 from .errors import HardwareError
 from .hardware import Hardware
@@ -56,10 +58,25 @@ def _efficiencies(hw: Hardware) -> Efficiencies | None:
     return _EFFICIENCIES[key]
 
 
+_RETIMES: dict[tuple[int, str], tuple[weakref.ref[Trace], list[Retime], list[str]]] = {}
+
+
 def memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], list[str]]:
     """Retime every convolution op to its workspace-free algorithm on `hw` (see the module
     docstring for where each time comes from); notes say how many times were modelled or
-    estimated."""
+    estimated. Computed once per trace and profile (a trace is immutable; the profile is
+    keyed by its full text, overrides included): a capacity-aware policy asks at every budget
+    it plans for, and the compute model's pass over the trace was a sixth of superneurons'
+    own planning. Fresh lists on every call."""
+    key = (id(trace), repr(hw))
+    got = _RETIMES.get(key)
+    if got is None or got[0]() is not trace:
+        got = _RETIMES[key] = (weakref.ref(trace), *_memory_optimal_retimes(trace, hw))
+        weakref.finalize(trace, _RETIMES.pop, key, None)
+    return list(got[1]), list(got[2])
+
+
+def _memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], list[str]]:
     eff = _efficiencies(hw) if trace.meta.get("hardware") else None
     costs = op_costs(trace) if eff is not None else {}
     retimes: list[Retime] = []

@@ -31,6 +31,9 @@ class Allocator:
     # reuses it as its ample-memory baseline). False: the capacity shapes the state otherwise
     # (a pool pre-sized to it), so no run is known to be the same on another capacity.
     capacity_only_at_limit = False
+    # Blocks are vsim.allocator.blocks.Block, whose `addr` and `size` are block_addr() and
+    # block_size() (DeviceMemory reads them directly: the engine logs both per tensor).
+    block_fields = False
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -63,6 +66,11 @@ class Allocator:
     def largest_free_bytes(self) -> int:
         """The largest request that would succeed now (for out-of-memory reports)."""
         raise NotImplementedError
+
+    def serves_now(self, size_bytes: int) -> bool:
+        """size_bytes <= largest_free_bytes() (a plan that waits for memory asks it per
+        request; a model may know it sooner)."""
+        return size_bytes <= self.largest_free_bytes()
 
     def layout(self) -> object:
         """What of the allocator's state a next iteration depends on, comparable between

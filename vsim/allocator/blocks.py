@@ -44,7 +44,9 @@ class Segment:
 # and deletes at a cost proportional to what lies after the place (a 1M-op chain: thousands of
 # free 2 MiB segments, a memmove of all of them per request in ascending order).
 _ADDR_BITS = 64
+ADDR_BITS = _ADDR_BITS  # (for the caching allocator's inlined lookups)
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
+ADDR_MASK = _ADDR_MASK
 
 
 class FreeIndex:

@@ -18,11 +18,12 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .base import Allocator, AllocatorSpec, register_allocator
-from .blocks import Block, BlockPool
+from .blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -55,6 +56,7 @@ class CachingAllocator(Allocator):
 
     retries_after_pending_frees = True
     capacity_only_at_limit = True
+    block_fields = True
 
     def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
@@ -77,8 +79,27 @@ class CachingAllocator(Allocator):
         if pool is None:
             pool = self._pool(kind, stream)
         # a cached block: split when the rest is at least 512 B (small) or above 1 MiB (large)
-        found = pool.take_best(size, MIN_BLOCK if kind == "small" else SMALL_SIZE + 1)
-        if found is not None:
+        # (BlockPool.take_best written out: the caching pools keep no address order)
+        free = pool.free
+        by_size = free.by_size
+        i = bisect_right(by_size, -(size << ADDR_BITS)) - 1  # the least key >= size's
+        if i >= 0:
+            found = free.blocks.pop(-by_size.pop(i) & ADDR_MASK)
+            rest_size = found.size - size
+            if rest_size >= (MIN_BLOCK if kind == "small" else SMALL_SIZE + 1):
+                after = found.next
+                rest = Block(found.addr + size, rest_size, found.segment, True, found, after)
+                if after is not None:
+                    after.prev = rest
+                found.next = rest
+                found.size = size
+                insort(by_size, -(rest_size << ADDR_BITS | rest.addr))
+                free.blocks[rest.addr] = rest
+            found.free = False
+            seg = found.segment
+            if seg.blocks_in_use == 0:
+                pool.free_segment_bytes -= seg.size
+            seg.blocks_in_use += 1
             self.allocated_bytes += found.size
             return found
         # no cached block fits: a new segment
@@ -111,7 +132,31 @@ class CachingAllocator(Allocator):
         self.allocated_bytes -= block.size
         owner = block.segment.owner
         assert owner is not None
-        owner.give_back(block)
+        # (BlockPool.give_back written out, as for pools without address order)
+        block.free = True
+        seg = block.segment
+        seg.blocks_in_use -= 1
+        if seg.blocks_in_use == 0:
+            owner.free_segment_bytes += seg.size
+        prev, after = block.prev, block.next
+        by_size, blocks = owner.free.by_size, owner.free.blocks
+        if prev is not None and prev.free:
+            del by_size[bisect_left(by_size, -(prev.size << ADDR_BITS | prev.addr))]
+            del blocks[prev.addr]
+            prev.size += block.size
+            prev.next = after
+            if after is not None:
+                after.prev = prev
+            block = prev
+        if after is not None and after.free:
+            del by_size[bisect_left(by_size, -(after.size << ADDR_BITS | after.addr))]
+            del blocks[after.addr]
+            block.size += after.size
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+        insort(by_size, -(block.size << ADDR_BITS | block.addr))
+        blocks[block.addr] = block
 
     # (a Block: no isinstance check, the engine asks twice per allocation and per release)
     def block_size(self, block: object) -> int:
@@ -136,13 +181,26 @@ class CachingAllocator(Allocator):
             out.append((seg.pool, seg.stream, seg.size, tuple(blocks)))
         return tuple(out)
 
+    def serves_now(self, size_bytes: int) -> bool:
+        # at once when the request's own pool has a free block that large (largest_free_bytes
+        # is at least that) or the capacity has room for it; otherwise as the base class
+        pool = self.pools.get(("small" if size_bytes <= SMALL_SIZE else "large", 0))
+        if pool is not None and pool.free.by_size \
+                and -pool.free.by_size[0] >> ADDR_BITS >= size_bytes:
+            return True
+        if size_bytes <= self.capacity_bytes - self.reserved_bytes:
+            return True
+        return size_bytes <= self.largest_free_bytes()
+
     def largest_free_bytes(self) -> int:
         # (one pass: the engine asks on every request of a plan that waits for memory)
         cached = releasable = 0
         for p in self.pools.values():
-            largest = p.free.largest()
-            if largest > cached:
-                cached = largest
+            by_size = p.free.by_size  # (FreeIndex.largest written out)
+            if by_size:
+                largest = -by_size[0] >> ADDR_BITS
+                if largest > cached:
+                    cached = largest
             releasable += p.free_segment_bytes
         return max(cached, self.capacity_bytes - self.reserved_bytes + releasable)
 

@@ -86,6 +86,7 @@ class DeviceMemory:
         self._malloc, self._free = allocator.malloc, allocator.free
         self._addr, self._size = allocator.block_addr, allocator.block_size
         self._segments = allocator.has_segments
+        self._fields = allocator.block_fields  # blocks' addr and size read directly
 
     @property
     def events(self) -> list[tuple[str, float, int, int, int, int | None, int | None]]:
@@ -114,7 +115,10 @@ class DeviceMemory:
         self.state[tensor] = state
         if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
-        self.log += ("alloc", now, self._addr(block), self._size(block), 0, tensor, op)
+        if self._fields:
+            self.log += ("alloc", now, block.addr, block.size, 0, tensor, op)  # type: ignore
+        else:
+            self.log += ("alloc", now, self._addr(block), self._size(block), 0, tensor, op)
         return True
 
     def adopt(self, tensor: int, block: object, now: float) -> None:
@@ -149,8 +153,10 @@ class DeviceMemory:
 
     def give_back(self, block: object, tensor: int, now: float, op: int | None) -> None:
         """A detached block returns to the allocator (free_completed)."""
-        size = self._size(block)
-        addr = self._addr(block)
+        if self._fields:
+            size, addr = block.size, block.addr  # type: ignore[attr-defined]
+        else:
+            size, addr = self._size(block), self._addr(block)
         self._free(block)
         self.log += ("free_completed", now, addr, size, 0, tensor, op)
         if self._segments and self.allocator.reserved_bytes != self._reserved_seen:

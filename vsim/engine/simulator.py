@@ -290,6 +290,7 @@ class Engine:
         done, completed = self.done, self.completed
         executed_append, finished_add = self.executed.append, self.finished.add
         state_get, h2d_used, release = state.get, transfers.h2d_used, self.memory.release
+        tensors, serves_now = self.tensors, self.allocator.serves_now
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -348,7 +349,23 @@ class Engine:
                     return
             wait_start = env._now  # noqa: SLF001
             if wait_for_memory or acted:
-                if not (yield from self._allocate_outputs(op)):
+                # _allocate_outputs' common case written out (each output served at once, no
+                # wait), the rest from the first output that is not
+                op_retime = retime.get(oid)
+                no_ws = op_retime is not None and op_retime.workspace_bytes == 0
+                k, failed = 0, False
+                for t in op.writes:
+                    if no_ws and tensors[t].kind == "workspace":
+                        k += 1
+                        continue
+                    if wait_for_memory and not serves_now(size[t]):
+                        break
+                    if not allocate(t, size[t], wait_start, oid):
+                        failed = True
+                        break
+                    k += 1
+                if k < len(op.writes) and not (
+                        yield from self._allocate_outputs(op, op_retime, k, failed)):
                     return
                 stall += env.now - wait_start  # waiting for offloads to give memory back
                 for off in index.offload_at.get(oid, ()):
@@ -438,16 +455,22 @@ class Engine:
                                 f"tensor {t} which is {state}, and no prefetch brings it back")
         return waits
 
-    def _allocate_outputs(self, op: Op) -> Generator[simpy.Event, Any, bool]:
-        retime = self.retime.get(op.id)
+    def _allocate_outputs(self, op: Op, retime: Retime | None, first: int = 0,
+                          failed: bool = False) -> Generator[simpy.Event, Any, bool]:
+        """Allocate the op's outputs from `first` on (`retime`: the op's as it launched; the
+        stream allocated those before); `failed`: the allocation of output `first` was tried
+        and failed (the allocator's state is as that failure left it)."""
         memory, size, wait = self.memory, self.size, self.plan.wait_for_memory
-        for t in op.writes:
+        for t in op.writes[first:]:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
+            if failed:
+                failed = False
+                ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
             # _alloc_waiting's first steps inline (most requests are served at once): no need
             # to wait for memory, and the allocation succeeds
-            if wait and size[t] > memory.allocator.largest_free_bytes():
+            elif wait and not memory.allocator.serves_now(size[t]):
                 ok = yield from self._alloc_waiting(t, op.id, fall_back=True)
             elif memory.allocate(t, size[t], self.env.now, op.id):
                 continue
@@ -464,7 +487,7 @@ class Engine:
         in flight (whose op has ended, so that only their copy holds the memory) to give their
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
         size = self.size[tensor]
-        while self.plan.wait_for_memory and size > self.memory.allocator.largest_free_bytes():
+        while self.plan.wait_for_memory and not self.memory.allocator.serves_now(size):
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
             pending = self.transfers.releasing_memory("any")

@@ -59,26 +59,14 @@ class Hybrid(FittedPolicy):
         def swap_cost(t: int) -> float:
             return max(0.0, -free_time_us(ev, t))
 
-        chains = {t: recompute_chain(view, t) for t in cands}
         spent = {"swap": 0.0, "recompute": 0.0}  # swap: how many hide; recompute: us
         # Per candidate, as arrays (each eviction weighs every candidate: a loop over them in
         # Python was most of the planning), what depends only on its need (ev.need: changed
         # below only for the inputs of a planned recomputation, refreshed then): its swap window
         # (blocking: behind no queue), swap cost, drop window, and whether its recomputation
         # reads only what the trace holds then, in the state it read (planning.stale_inputs).
-        n = len(cands)
-        where = {t: i for i, t in enumerate(cands)}
-        ids = np.array(cands, dtype=np.int64)
-        size = np.array([view.tensor[t].size_bytes for t in cands], dtype=np.int64)
-        per_byte = np.maximum(size, 1)
-        lo, hi, dlo, dhi = (np.zeros(n, dtype=np.int64) for _ in range(4))
-        swap_us, chain_us = np.zeros(n), np.zeros(n)
-        held = np.zeros(n, dtype=bool)
-        ins = [chain_inputs(view, chains[t]) for t in cands]
-        read_by: dict[int, list[int]] = {}  # tensor -> candidates whose recomputation reads it
-        for i, got in enumerate(ins):
-            for u in got:
-                read_by.setdefault(u, []).append(i)
+        # Their first values depend on neither the budget nor the plan: built once per view and
+        # profile (the profiling loop plans for up to 23 budgets), copied per plan.
 
         def refresh(i: int) -> None:
             t = cands[i]
@@ -90,12 +78,32 @@ class Hybrid(FittedPolicy):
                 and all(alive_in_trace(view, u, int(dhi[i])) for u in ins[i])
             chain_us[i] = sum(view.op[o].dur_us for o in chain)
 
-        for i in range(n):
-            refresh(i)
+        key = ("hybrid candidates", repr(a.hw))
+        if key not in view.memo:
+            chains = {t: recompute_chain(view, t) for t in cands}
+            n = len(cands)
+            lo, hi, dlo, dhi = (np.zeros(n, dtype=np.int64) for _ in range(4))
+            swap_us, chain_us = np.zeros(n), np.zeros(n)
+            held = np.zeros(n, dtype=bool)
+            ins = [chain_inputs(view, chains[t]) for t in cands]
+            read_by: dict[int, list[int]] = {}  # tensor -> candidates whose recomputation
+            for i, got in enumerate(ins):       # reads it
+                for u in got:
+                    read_by.setdefault(u, []).append(i)
+            for i in range(n):
+                refresh(i)
+            view.memo[key] = (chains, ins, read_by, (lo, hi, dlo, dhi, swap_us, chain_us, held),
+                              ev.issue_table(cands))
+        chains, ins, read_by, first, issues = view.memo[key]
+        lo, hi, dlo, dhi, swap_us, chain_us, held = (arr.copy() for arr in first)
+        n = len(cands)
+        where = {t: i for i, t in enumerate(cands)}
+        ids = np.array(cands, dtype=np.int64)
+        size = np.array([view.tensor[t].size_bytes for t in cands], dtype=np.int64)
+        per_byte = np.maximum(size, 1)
         # dynamic: not yet evicted; not read by a planned recomputation (may be swapped, not
         # dropped); reads nothing dropped (swapped inputs come back for a recomputation)
         open_, free_of_plans, reads_no_drop = (np.ones(n, dtype=bool) for _ in range(3))
-        issues = ev.issue_table(cands)
         while (x := ev.usage.over(budget)) is not None:
             sw = np.flatnonzero(open_ & (lo <= x) & (x < hi))
             rc = np.flatnonzero(open_ & (dlo <= x) & (x < dhi) & free_of_plans & held
@@ -109,7 +117,15 @@ class Hybrid(FittedPolicy):
             recompute = np.concatenate([np.zeros(len(sw), dtype=bool),
                                         np.ones(len(rc), dtype=bool)])
             # the least cost per byte saved; then the largest, the lowest id, recompute first
-            j = np.lexsort((~recompute, ids[which], -size[which], ratio))[0]
+            # (lexsort's first, by a pass per key over the ties left: (id, how) is unique)
+            tie = np.flatnonzero(ratio == ratio.min())
+            if len(tie) > 1:
+                tie = tie[size[which[tie]] == size[which[tie]].max()]
+            if len(tie) > 1:
+                tie = tie[ids[which[tie]] == ids[which[tie]].min()]
+            if len(tie) > 1 and recompute[tie].any():
+                tie = tie[recompute[tie]]
+            j = int(tie[0])
             i, cost_per_byte = int(which[j]), float(ratio[j])
             t = cands[i]
             how = "recompute" if recompute[j] else "swap"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -64,6 +65,19 @@ def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
     todo = [o for o in ops if o not in memo]
     if todo:
         usage = Usage(view)
+        # The saved maps alive at each slot, in bytes (exact integer sums, as a prefix sum of
+        # their allocations and frees): the maps an op can move away are those less the ones
+        # it touches (a sum over every saved map per op was most of algo=auto's planning on
+        # ResNet-1517: 2,000 convolutions x 6,000 maps).
+        delta = [0] * (view.n_slots + 1)
+        saved = set(view.saved)
+        for t in view.saved:
+            lo, hi = view.alloc_slot(t), view.free_slot(t)
+            if lo < hi:  # (alive in no slot otherwise)
+                size = view.tensor[t].size_bytes
+                delta[lo] += size
+                delta[hi] -= size
+        alive = list(itertools.accumulate(delta))
         for o in todo:
             op = view.op[o]
             if not any(view.tensor[t].kind == "workspace" for t in op.writes):
@@ -71,8 +85,8 @@ def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
                 continue
             slot = view.start(o)
             touched = set(op.reads) | set(op.writes)
-            movable = sum(view.tensor[t].size_bytes for t in view.saved
-                          if t not in touched and alive_in_trace(view, t, slot))
+            movable = alive[slot] - sum(view.tensor[t].size_bytes for t in touched
+                                        if t in saved and alive_in_trace(view, t, slot))
             memo[o] = int(usage.bytes[slot]) - movable
     return {o: memo[o] for o in ops if memo[o] >= 0}
 
@@ -83,19 +97,25 @@ class Usage:
 
     def __init__(self, view: TraceView, retimes: Iterable[Retime] = ()) -> None:
         self.view = view
-        n = view.n_slots
-        delta = np.zeros(n + 1, dtype=np.int64)
-        no_ws = {r.op for r in retimes if r.workspace_bytes == 0}
-        for t in view.trace.tensors:
-            ten = view.tensor[t.id]
-            if ten.kind == "workspace" and ten.producer in no_ws:
-                continue
-            if ten.producer is not None and ten.producer not in view.pos:
-                continue
-            lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
-            delta[lo] += ten.size_bytes
-            delta[hi] -= ten.size_bytes
-        self.bytes = np.cumsum(delta)[:n]
+        no_ws = frozenset(r.op for r in retimes if r.workspace_bytes == 0)
+        # per set of workspace-free ops, memoised on the view (a profiling loop plans with the
+        # same few sets at every budget); each Usage has its own copy
+        key = ("usage", no_ws)
+        base = view.memo.get(key)
+        if base is None:
+            n = view.n_slots
+            delta = np.zeros(n + 1, dtype=np.int64)
+            for t in view.trace.tensors:
+                ten = view.tensor[t.id]
+                if ten.kind == "workspace" and ten.producer in no_ws:
+                    continue
+                if ten.producer is not None and ten.producer not in view.pos:
+                    continue
+                lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
+                delta[lo] += ten.size_bytes
+                delta[hi] -= ten.size_bytes
+            base = view.memo[key] = np.cumsum(delta)[:n]
+        self.bytes = base.copy()
 
     def copy(self) -> Usage:
         """An independent copy (the profile's bytes copied, the view shared)."""
@@ -115,10 +135,11 @@ class Usage:
     def peak(self) -> int:
         return int(self.bytes.max()) if len(self.bytes) else 0
 
-    def over(self, budget: int) -> int | None:
-        """The first slot above the budget, or None."""
-        idx = np.flatnonzero(self.bytes > budget)
-        return int(idx[0]) if len(idx) else None
+    def over(self, budget: int, start: int = 0) -> int | None:
+        """The first slot above the budget, or None. `start`: a slot before which none is
+        above it (a planner that only takes bytes off passes the last slot it got)."""
+        idx = np.flatnonzero(self.bytes[start:] > budget)
+        return start + int(idx[0]) if len(idx) else None
 
 
 @dataclass
@@ -268,17 +289,19 @@ def rebuild_chain(view: TraceView, ops: Iterable[int], targets: Iterable[int], s
     needed = set(targets)
     chosen: list[int] = []
     # (the DP's segment shapes call this thousands of times: names bound once)
-    by_id, tensor, mutates_of, none = view.op, view.tensor, view.mutates, frozenset[int]()
-    alloc, free = view.alloc_slot, view.free_slot
+    by_id, tensor, mutates_of = view.op, view.tensor, view.mutates
+    alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001  (alloc_slot's dicts)
     for o in reversed(ops):
         op = by_id[o]
-        mutates = mutates_of.get(o, none)
-        if not needed.isdisjoint(op.writes) or not needed.isdisjoint(mutates):
+        mutates = mutates_of.get(o)  # (most ops update nothing in place)
+        if not needed.isdisjoint(op.writes) or (mutates is not None
+                                                 and not needed.isdisjoint(mutates)):
             chosen.append(o)
-            needed |= mutates
+            if mutates is not None:
+                needed |= mutates
             for t in op.reads:
                 if tensor[t].producer in among and (t in gone or not
-                                                    alloc(t) <= slot < free(t)):
+                                                    alloc[t] <= slot < free[t]):
                     needed.add(t)
     return tuple(reversed(chosen))
 
@@ -300,15 +323,20 @@ def stale_inputs(view: TraceView, chain: Iterable[int],
     chain = list(chain)
     # only inputs that some op updates in place can be stale (most have none: the DP asks this
     # for thousands of segments)
+    has_updates = view._updates  # noqa: SLF001  (view.updates(t) is non-empty iff t is a key)
     updated = [t for t in (chain_inputs(view, chain) if inputs is None else inputs)
-               if view.updates(t)]
+               if t in has_updates]
     if not updated:
         return set()
-    pos = view.pos
-    first: dict[int, int] = {}
+    pos, by_id, wanted = view.pos, view.op, set(updated)
+    first: dict[int, int] = {}  # per updated input, the first chain op that reads it
     for o in chain:
-        for t in view.op[o].reads:
-            first[t] = min(first.get(t, pos[o]), pos[o])
+        p = pos[o]
+        for t in by_id[o].reads:
+            if t in wanted:
+                f = first.get(t)
+                if f is None or p < f:
+                    first[t] = p
     return {t for t in updated if any(pos[u] >= first[t] for u in view.updates(t))}
 
 
@@ -342,7 +370,16 @@ def alive_in_trace(view: TraceView, t: int, slot: int) -> bool:
 def liveness_releases(view: TraceView, kinds: tuple[str, ...] = (
         "activation", "gradient", "temporary", "workspace")) -> list[Release]:
     """Free each tensor after its last reader when the trace keeps it longer (SuperNeurons'
-    liveness analysis): tensors the trace never frees, or frees after a later op."""
+    liveness analysis): tensors the trace never frees, or frees after a later op. Memoised on
+    the view (independent of the budget: the profiling loop plans for many); a fresh list."""
+    key = ("liveness_releases", kinds)
+    got = view.memo.get(key)
+    if got is None:
+        got = view.memo[key] = _liveness_releases(view, kinds)
+    return list(got)
+
+
+def _liveness_releases(view: TraceView, kinds: tuple[str, ...]) -> list[Release]:
     out = []
     for ten in view.trace.tensors:
         if ten.kind not in kinds or ten.producer is None or ten.producer not in view.pos:
@@ -516,16 +553,34 @@ class Evictions:
         self._queue_enc.insert(i, self._encode(key))
         self._queue_ends.insert(i, 0.0)
         self._queue_swaps.insert(i, s)
+        self._queue_cost.insert(i, self._copy_cost(s))
         free_at = self._queue_ends[i - 1] if i else 0.0
-        for j in range(i, len(self._queue_keys)):
-            q = self._queue_swaps[j]
-            issue = view.end_time(q.offload_op) if q.after else view.time_at(q.offload_op)
-            free_at = max(issue, free_at) + self.timeline.d2h_us(view.tensor[q.tensor].size_bytes)
-            self._queue_ends[j] = q.copy_done_us = free_at
-        if self._queue_np is not None:  # the arrays likewise, from i on (not rebuilt whole)
+        ends_list, swaps, stop = self._queue_ends, self._queue_swaps, len(self._queue_keys)
+        cost = self._queue_cost
+        for j in range(i, stop):
+            issue, d2h = cost[j]
+            free_at = max(issue, free_at) + d2h
+            if j > i and ends_list[j] == free_at:
+                # each end follows from the one before alone (max(issue, previous end) + copy
+                # time): from an end that does not move on, none does
+                stop = j
+                break
+            ends_list[j] = swaps[j].copy_done_us = free_at
+        if self._queue_np is not None:  # the arrays likewise, from i to stop (not rebuilt)
             keys, ends = self._queue_np
-            self._queue_np = (np.insert(keys, i, self._queue_enc[i]), np.concatenate(
-                [ends[:i + 1], np.array(self._queue_ends[i:], dtype=np.float64)]))
+            # (np.insert's own overhead was a third of the insertion: concatenated instead)
+            self._queue_np = (
+                np.concatenate((keys[:i], np.array((self._queue_enc[i],), dtype=np.int64),
+                                keys[i:])),
+                np.concatenate((ends[:i + 1], np.array(ends_list[i:stop], dtype=np.float64),
+                                ends[stop:])))
+
+    def _copy_cost(self, s: Swap) -> tuple[float, float]:
+        """When the swap's D2H copy is issued (the trace's clock) and how long it takes: what
+        re-timing the queue behind an insertion needs of each queued swap."""
+        view = self.view
+        issue = view.end_time(s.offload_op) if s.after else view.time_at(s.offload_op)
+        return issue, self.timeline.d2h_us(view.tensor[s.tensor].size_bytes)
 
     def add_drop(self, t: int, chain: tuple[int, ...]) -> None:
         after = self.last_fwd_use(t)
@@ -577,6 +632,7 @@ class Evictions:
         self._queue_ends = [s.copy_done_us for s in queue]
         self._queue_swaps = queue
         self._queue_enc = [self._encode(k) for k in self._queue_keys]
+        self._queue_cost = [self._copy_cost(s) for s in queue]
         self._queue_np = None
         self._stale = False
         for s in self.swaps.values():

@@ -83,6 +83,10 @@ def thin(front: list[tuple[int, float, int, int]], most: int
     return out
 
 
+_Row = tuple[int, list[tuple[int, int, int, float]]]
+"""A cut b and, per segment (a, b) the DP weighs, (a, own peak, kept bytes, recompute us)."""
+
+
 @dataclass(frozen=True)
 class _Shape:
     dropped: tuple[int, ...]
@@ -121,6 +125,8 @@ class Segmenter:
                       and any(t in self.saved for t in view.outputs(lay))]
         self._cache: dict[tuple[int, int], SegmentCost] = {}
         self._peaks: dict[tuple[int, int, int], int] = {}
+        # per base profile (by id; the Segmenter keeps its own): the DP's rows (_dp_rows)
+        self._rows: dict[int, tuple[np.ndarray, list[_Row]]] = {}
         self._base: np.ndarray | None = None
         self.durs = {r.op: r.dur_us for r in self.retimes}
         # per forward layer: the saved maps its ops write; per map: the layer that made it, the
@@ -230,11 +236,14 @@ class Segmenter:
         ops = [o for i in range(lo, hi + 1) for o in view.fwd[i].ops]
         chain = rebuild_chain(view, ops, dropped, slot)
         inputs = chain_inputs(view, chain)
-        valid = all(alive_in_trace(view, t, slot) and t not in drop_set for t in inputs) \
+        # (alive_in_trace written out: the DP asks this for thousands of segments)
+        alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
+        valid = all(alloc[t] <= slot < free[t] and t not in drop_set for t in inputs) \
             and not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
-        transient = frozenset(t for o in chain for t in view.op[o].writes
-                              if t not in drop_set and not alive_in_trace(view, t, slot))
+        by_id = view.op
+        transient = frozenset(t for o in chain for t in by_id[o].writes
+                              if t not in drop_set and not alloc[t] <= slot < free[t])
         return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
 
     def _cost(self, a: int, b: int) -> SegmentCost:
@@ -335,7 +344,8 @@ class Segmenter:
         # where the own maps' bytes change: allocations, frees, drops and the recomputation
         at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
         if rc is not None:
-            dropped = np.isin(ids, np.array(c.dropped, dtype=np.int64))
+            gone = set(c.dropped)  # (np.isin's own overhead was a fifth of this function)
+            dropped = np.array([t in gone for t in ids.tolist()], dtype=bool)
             at = np.concatenate([at, drop_end[dropped], np.full(int(dropped.sum()), rc)])
             by = np.concatenate([by, -size[dropped], size[dropped]])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
@@ -353,32 +363,31 @@ class Segmenter:
         Model: while segment s's maps live, the device holds the profile without feature maps,
         s's own maps (own_peak) and the checkpoints of the segments before it."""
         n = self.n
-        grid = [0, *self.grid]
         # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
         fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
             [[] for _ in range(n)]
         # each front's bytes, ascending: the points that fit with a segment are a prefix
         front_bytes: list[list[int]] = [[0]] + [[] for _ in range(n)]
-        for j in range(1, len(grid)):
-            b = grid[j]
+        bisect_right = bisect.bisect_right
+        for b, row in self._dp_rows(base):
             options: list[tuple[int, float, int, int]] = []
-            for a in grid[max(0, j - self.max_len):j]:
+            for a, peak, kept, rc in row:
                 if not fronts[a]:
                     continue
-                peak = self.own_peak(a, b, base)
-                k = bisect.bisect_right(front_bytes[a], budget - peak)
+                k = bisect_right(front_bytes[a], budget - peak)
                 if not k:
                     continue
-                c = self.cost(a, b)
-                rc = c.recompute_us if c.valid else 0.0
-                kept = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
                 options += [(before + kept, t + rc, a, idx)
                             for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
-            options.sort(key=lambda o: (o[0], o[1]))
+            # by (bytes, time), ties in the order appended (a, then idx, both ascending): the
+            # tuples' own order, without a key function per option (a third of a warm DP)
+            options.sort()
             front: list[tuple[int, float, int, int]] = []
+            fastest = math.inf  # front[-1]'s time
             for o in options:
-                if not front or o[1] < front[-1][1]:
+                if o[1] < fastest:
                     front.append(o)
+                    fastest = o[1]
             fronts[b] = thin(front, FRONT_POINTS)
             front_bytes[b] = [p[0] for p in fronts[b]]
         if not fronts[n]:
@@ -390,6 +399,26 @@ class Segmenter:
             _, _, a, i = fronts[b][i]
             b = a
         return sorted(cuts)
+
+    def _dp_rows(self, base: np.ndarray) -> list[_Row]:
+        """Per cut b of the grid, per segment (a, b) the DP weighs: (a, own_peak, the bytes it
+        keeps, its recomputation time), which depend on neither the budget nor the fronts:
+        built once per base profile (the DP runs for many budgets), in the DP's order."""
+        got = self._rows.get(id(base))
+        if got is None or got[0] is not base:
+            grid = [0, *self.grid]
+            rows = []
+            for j in range(1, len(grid)):
+                b = grid[j]
+                row = []
+                for a in grid[max(0, j - self.max_len):j]:
+                    c = self.cost(a, b)
+                    row.append((a, self.own_peak(a, b, base),
+                                c.kept_bytes + (0 if c.valid else c.dropped_bytes),
+                                c.recompute_us if c.valid else 0.0))
+                rows.append((b, row))
+            got = self._rows[id(base)] = (base, rows)
+        return got[1]
 
     def base_without_saved(self) -> np.ndarray:
         if self._base is None:
