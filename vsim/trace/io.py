@@ -130,7 +130,7 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 # ---------------------------------------------------------------- reading
 
-def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
+def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes | bytearray:
     """The file's bytes, gunzipped when they start with gzip's magic number; TraceError naming
     the file when it cannot be read ("cannot read {what}: ..."), its gzip data is corrupt, or
     it is larger than safeload's input limit once decompressed (a gzip bomb)."""
@@ -145,7 +145,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        raw: bytes | str = read_maybe_gzip(path, "trace")
+        raw: bytes | bytearray | str = read_maybe_gzip(path, "trace")
         try:  # the parser decodes bytes to a str of its own: decode once, keep only the str
             raw = raw.decode("utf-8")  # type: ignore[union-attr]
         except UnicodeDecodeError:
