@@ -106,6 +106,26 @@ def test_list_json_names_policies_allocators_hardware(capsys):
     assert {"h100-sxm", "titan-x-maxwell"} <= {h["name"] for h in listing["hardware"]}
 
 
+def test_the_command_prints_what_main_prints_and_leaves_its_trace_to_the_exit(capsys):
+    """`vsim run` as a command (run_main) leaves its trace and records to the process's exit,
+    which then ends with os._exit: the output is flushed and the atexit handlers run first.
+    main() called in-process keeps nothing."""
+    from vsim.cli.common import LEFT_FOR_EXIT
+
+    assert main(["run", EXAMPLE, "--hw", "h100-sxm"]) == 0
+    expected = capsys.readouterr().out
+    assert LEFT_FOR_EXIT.objects == []
+    code = ("import atexit, sys; atexit.register(lambda: print('handler ran')); "
+            f"sys.argv = ['vsim', 'run', {EXAMPLE!r}, '--hw', 'h100-sxm']; "
+            "from vsim.cli import run_main; run_main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == expected + "handler ran\n"
+    proc = subprocess.run([sys.executable, "-m", "vsim", "run", EXAMPLE, "--hw", "h100-sxm"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == expected
+
+
 def test_console_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "vsim", "run", EXAMPLE, "--hw", "nope"],
                           capture_output=True, text=True)

@@ -165,6 +165,34 @@ def test_cross_stream_use_is_ordered_through_deps(tmp_path):
                   "while op 1 on stream 3 reads it", tmp_path)
 
 
+def test_an_op_with_several_problems_is_refused_for_the_first_in_message_order(tmp_path):
+    """The graph check tests an op's lists in fast loops and asks _op_problem for the message
+    of the first thing wrong: reads, then the writes' ids, then frees, then the writes'
+    producers; within a list the lowest index. Each case adds one problem before the last."""
+    from vsim.trace import Op, Tensor, Trace
+
+    def build(reads=(0,), writes=(1,), frees=(), producer_of_1=1):
+        return trace_to_json(Trace(
+            meta={"source": "synthetic"},
+            tensors=(Tensor(0, 10, "activation", "x", producer=0, consumers=(1,)),
+                     Tensor(1, 10, "activation", "y", producer=producer_of_1),
+                     Tensor(2, 10, "weight", "w")),
+            ops=(Op(0, "a", "l", "other", "fwd", 0, 1, writes=(0,)),
+                 Op(1, "b", "l", "other", "fwd", 1, 1, reads=reads, writes=writes,
+                    frees=frees))))
+    at = "traceEvents[1].args."
+    _expect_error(build(producer_of_1=0, frees=(2,)), at + "writes[0]: tensor 1 lists "
+                  "producer 0, not op 1", tmp_path)
+    _expect_error(build(producer_of_1=0, frees=(2, 9)), at + "frees[1]: tensor 9 does not "
+                  "exist", tmp_path)
+    _expect_error(build(producer_of_1=0, frees=(2, 2), writes=(1, 1)), at + "writes[1]: "
+                  "tensor 1 is listed twice", tmp_path)
+    _expect_error(build(producer_of_1=0, frees=(9,), writes=(1, 8), reads=(0, 2, 7, 6)),
+                  at + "reads[2]: tensor 7 does not exist", tmp_path)
+    _expect_error(build(producer_of_1=0, frees=(2, 2)), at + "frees[1]: tensor 2 is listed "
+                  "twice", tmp_path)
+
+
 def _chain_doc(n_streams: int, with_deps: bool) -> dict:
     """Op k on stream k reads the tensor op k-1 wrote (on stream k-1) and writes its own;
     with_deps: each op depends on the previous one, which orders every read."""

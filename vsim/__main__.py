@@ -1,5 +1,5 @@
 """`python -m vsim ...` is the same as the `vsim` command."""
 
-from .cli import main
+from .cli import run_main
 
-raise SystemExit(main())
+run_main()

@@ -86,6 +86,7 @@ class _Segment:
 class ExpandableAllocator(Allocator):
     retries_after_pending_frees = True
     capacity_only_at_limit = True
+    block_fields = True
 
     def __init__(self, capacity_bytes: int) -> None:
         super().__init__(capacity_bytes)

@@ -20,6 +20,8 @@ GRANULARITY = 512
 
 
 class PooledAllocator(Allocator):
+    block_fields = True
+
     def __init__(self, capacity_bytes: int, first_fit: bool) -> None:
         super().__init__(capacity_bytes)
         self.first_fit = first_fit

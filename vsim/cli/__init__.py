@@ -11,12 +11,16 @@ common holds what they share (the parser, printing, checks of outputs and capaci
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import VsimError
-from .common import EXIT_BAD_INPUT, Parser
+from .common import EXIT_BAD_INPUT, LEFT_FOR_EXIT, Parser
 from .record import add_compute_verbs, add_record_verbs
 from .search import add_search, format_search
 from .simulate import add_compare, add_run_inspect_list, format_comparison, format_reports
@@ -24,7 +28,7 @@ from .sweep import add_sweep
 from .validate import add_validate_bench, format_validation
 
 __all__ = ["EXIT_BAD_INPUT", "build_parser", "format_comparison",
-           "format_reports", "format_search", "format_validation", "main"]
+           "format_reports", "format_search", "format_validation", "main", "run_main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +57,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vsim: interrupted", file=sys.stderr)
         return 130
+
+
+def run_main() -> NoReturn:
+    """The `vsim` command and `python -m vsim`: main(), then the process's exit. A command that
+    left objects for the exit (common.leave_for_exit: `vsim run` its trace and records) ends
+    without the interpreter freeing them one by one: stdout and stderr flushed, the atexit
+    handlers run, then os._exit. The usual exit instead while another thread runs, a tracer
+    or profiler is set (coverage, cProfile: they write their results at the usual exit), or
+    a flush fails (a closed pipe: the usual exit says so, as before)."""
+    LEFT_FOR_EXIT.enabled = True
+    code = main()
+    if LEFT_FOR_EXIT.objects and threading.active_count() == 1 \
+            and sys.gettrace() is None and sys.getprofile() is None and _flushed():
+        atexit._run_exitfuncs()  # (logging's shutdown, weakref finalizers, ...)
+        if _flushed():  # what the handlers printed
+            os._exit(code)
+    sys.exit(code)
+
+
+def _flushed() -> bool:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe or stream
+        return False
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:

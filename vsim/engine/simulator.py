@@ -291,6 +291,9 @@ class Engine:
         executed_append, finished_add = self.executed.append, self.finished.add
         state_get, h2d_used, release = state.get, transfers.h2d_used, self.memory.release
         tensors, serves_now = self.tensors, self.allocator.serves_now
+        # Transfers.awaiting_release, read per op without a property call (the two tables are
+        # changed in place, never replaced)
+        release_at_end, releasing = transfers._release_at_end, transfers._releasing  # noqa: SLF001
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -403,7 +406,7 @@ class Engine:
             if acted and oid in retime and retime[oid].workspace_bytes == 0:
                 executed.without_workspace = True
             executed_append(executed)
-            if oid in acts_after or transfers.awaiting_release:
+            if oid in acts_after or release_at_end or releasing:
                 self._after(op)
             else:  # _after's common case: no copy waits for the op, no action after it
                 finished_add(oid)

@@ -130,7 +130,7 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 # ---------------------------------------------------------------- reading
 
-def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes:
+def read_maybe_gzip(path: str | os.PathLike[str], what: str = "") -> bytes | bytearray:
     """The file's bytes, gunzipped when they start with gzip's magic number; TraceError naming
     the file when it cannot be read ("cannot read {what}: ..."), its gzip data is corrupt, or
     it is larger than safeload's input limit once decompressed (a gzip bomb)."""
@@ -145,7 +145,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        raw: bytes | str = read_maybe_gzip(path, "trace")
+        raw: bytes | bytearray | str = read_maybe_gzip(path, "trace")
         try:  # the parser decodes bytes to a str of its own: decode once, keep only the str
             raw = raw.decode("utf-8")  # type: ignore[union-attr]
         except UnicodeDecodeError:
@@ -433,8 +433,9 @@ class _Reader:
         """Ids unique and known, deps only backwards, producers consistent, no use after free,
         and no use across streams without a dependency (see `_StreamOrder`). `where`: the
         index of each op's event in traceEvents. Written for speed (once per op of every
-        trace): paths are formatted only for an error, and the three lists of an op have a
-        loop each, checking in the order of the messages below."""
+        trace): an op's lists go through loops that only test, with no index or path; the first
+        op they find anything wrong with goes through `_op_problem`, which checks its lists
+        again in the order of the messages and raises the first (and the same for tensors)."""
         by_id: dict[int, Tensor] = {}
         for i, t in enumerate(tensors):
             if t.id in by_id:
@@ -446,6 +447,8 @@ class _Reader:
         written: set[int] = set()
         order = _StreamOrder(len({op.stream for op in ops}) > 1)
         ordered = order.enabled
+        located, readers_of, before = order.where, order.readers, order.before
+        tensor_of = by_id.get
         for n, op in enumerate(ops):
             oid = op.id
             if oid in op_ids:
@@ -460,86 +463,161 @@ class _Reader:
                         raise self.fail(f"traceEvents[{where[n]}].args.deps[{j}]",
                                         f"op {dep} is not an earlier op (dependencies must "
                                         "point backwards; a cycle or unknown op)")
+            stream = op.stream
             if ordered:
                 order.enter(op)
-            for j, tid in enumerate(op.reads):
-                rec = by_id.get(tid)
-                if rec is None:
-                    problem: str | None = f"tensor {tid} does not exist"
-                elif tid in freed:
-                    problem = f"tensor {tid} was freed by op {freed[tid]}"
-                else:
+            # The tests of `_op_problem`, in any order and without messages. The readers noted
+            # on the way are the ones it would note (it redoes the reads before the frees).
+            ok = True
+            for tid in op.reads:
+                rec = tensor_of(tid)
+                if rec is None or tid in freed:
+                    ok = False
+                    break
+                producer = rec.producer
+                if producer is not None and producer != oid and (
+                        producer not in op_ids or ordered and located[producer][0] != stream
+                        and not before(producer, op)):
+                    ok = False
+                    break
+                if ordered:
+                    seen = readers_of.get(tid)
+                    if seen is None:
+                        readers_of[tid] = {stream: oid}
+                    else:
+                        seen[stream] = oid
+            writes, frees = op.writes, op.frees
+            if ok and writes:
+                for tid in writes:
+                    rec = tensor_of(tid)
+                    if rec is None or rec.producer != oid:
+                        ok = False
+                        break
+                if len(writes) > 1 and _first_repeat(writes) >= 0:
+                    ok = False
+            if ok and frees:
+                if len(frees) > 1 and _first_repeat(frees) >= 0:
+                    ok = False
+                for tid in frees:
+                    if not ok:
+                        break
+                    rec = tensor_of(tid)
+                    if rec is None or tid in freed:
+                        ok = False
+                        break
                     producer = rec.producer
-                    if producer is not None and producer != oid and producer not in op_ids:
-                        problem = f"tensor {tid} is produced later, by op {producer}"
-                    else:
-                        problem = order.use(op, tid, producer, False) if ordered else None
-                if problem:
-                    raise self.fail(f"traceEvents[{where[n]}].args.reads[{j}]", problem)
-            writes = op.writes
-            if writes:
-                repeat = _first_repeat(writes) if len(writes) > 1 else -1
-                for j, tid in enumerate(writes):
-                    if tid not in by_id:
-                        problem = f"tensor {tid} does not exist"
-                    elif j == repeat:
-                        problem = f"tensor {tid} is listed twice"
-                    else:
-                        continue
-                    raise self.fail(f"traceEvents[{where[n]}].args.writes[{j}]", problem)
-            frees = op.frees
-            if frees:
-                repeat = _first_repeat(frees) if len(frees) > 1 else -1
-                for j, tid in enumerate(frees):
-                    rec = by_id.get(tid)
-                    if rec is None:
-                        problem = f"tensor {tid} does not exist"
-                    elif j == repeat:
-                        problem = f"tensor {tid} is listed twice"
-                    elif tid in freed:
-                        problem = f"tensor {tid} was freed by op {freed[tid]}"
-                    else:
-                        producer = rec.producer
-                        if producer is not None and producer != oid and producer not in op_ids:
-                            problem = f"tensor {tid} is produced later, by op {producer}"
-                        else:
-                            problem = order.use(op, tid, producer, True) if ordered else None
-                    if problem:
-                        raise self.fail(f"traceEvents[{where[n]}].args.frees[{j}]", problem)
-            for j, tid in enumerate(writes):
-                if by_id[tid].producer != oid:
-                    raise self.fail(f"traceEvents[{where[n]}].args.writes[{j}]",
-                                    f"tensor {tid} lists producer {by_id[tid].producer}, "
-                                    f"not op {oid}")
-                written.add(tid)
+                    if producer is not None and producer != oid and (
+                            producer not in op_ids or ordered and located[producer][0] != stream
+                            and not before(producer, op)):
+                        ok = False
+                        break
+                    if ordered:
+                        seen = readers_of.get(tid)
+                        if seen:
+                            for reader_stream, reader in seen.items():
+                                if reader_stream != stream and not before(reader, op):
+                                    ok = False
+                                    break
+            if not ok:
+                raise self._op_problem(op, where[n], by_id, op_ids, freed, order)
+            written.update(writes)
             for tid in frees:
                 freed[tid] = oid
             op_ids.add(oid)
         for i, t in enumerate(tensors):
-            if t.producer is not None and t.producer not in op_ids:
-                raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not exist")
-            if t.producer is not None and t.id not in written:
-                raise self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not list "
-                                f"tensor {t.id} in its writes")
-            for j, c in enumerate(t.consumers):
-                if c not in op_ids:
-                    raise self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
+            producer = t.producer
+            if producer is not None and (producer not in op_ids or t.id not in written) \
+                    or t.consumers and not op_ids.issuperset(t.consumers):
+                raise self._tensor_problem(t, i, op_ids, written)
+
+    def _op_problem(self, op: Op, index: int, by_id: dict[int, Tensor], op_ids: set[int],
+                    freed: dict[int, int], order: _StreamOrder) -> TraceError:
+        """The first thing wrong with an op's reads, writes and frees (check_graph found one),
+        as its error: `index` is its event's in traceEvents."""
+        oid = op.id
+        ordered = order.enabled
+        for j, tid in enumerate(op.reads):
+            rec = by_id.get(tid)
+            if rec is None:
+                problem: str | None = f"tensor {tid} does not exist"
+            elif tid in freed:
+                problem = f"tensor {tid} was freed by op {freed[tid]}"
+            else:
+                producer = rec.producer
+                if producer is not None and producer != oid and producer not in op_ids:
+                    problem = f"tensor {tid} is produced later, by op {producer}"
+                else:
+                    problem = order.use(op, tid, producer, False) if ordered else None
+            if problem:
+                return self.fail(f"traceEvents[{index}].args.reads[{j}]", problem)
+        writes = op.writes
+        repeat = _first_repeat(writes)
+        for j, tid in enumerate(writes):
+            if tid not in by_id:
+                problem = f"tensor {tid} does not exist"
+            elif j == repeat:
+                problem = f"tensor {tid} is listed twice"
+            else:
+                continue
+            return self.fail(f"traceEvents[{index}].args.writes[{j}]", problem)
+        frees = op.frees
+        repeat = _first_repeat(frees)
+        for j, tid in enumerate(frees):
+            rec = by_id.get(tid)
+            if rec is None:
+                problem = f"tensor {tid} does not exist"
+            elif j == repeat:
+                problem = f"tensor {tid} is listed twice"
+            elif tid in freed:
+                problem = f"tensor {tid} was freed by op {freed[tid]}"
+            else:
+                producer = rec.producer
+                if producer is not None and producer != oid and producer not in op_ids:
+                    problem = f"tensor {tid} is produced later, by op {producer}"
+                else:
+                    problem = order.use(op, tid, producer, True) if ordered else None
+            if problem:
+                return self.fail(f"traceEvents[{index}].args.frees[{j}]", problem)
+        for j, tid in enumerate(writes):
+            if by_id[tid].producer != oid:
+                return self.fail(f"traceEvents[{index}].args.writes[{j}]",
+                                 f"tensor {tid} lists producer {by_id[tid].producer}, "
+                                 f"not op {oid}")
+        raise AssertionError(f"check_graph: nothing wrong with op {oid}")  # (unreachable)
+
+    def _tensor_problem(self, t: Tensor, i: int, op_ids: set[int], written: set[int]
+                        ) -> TraceError:
+        """What is wrong with tensor `t` (vsim.tensors[i]) once every op is read."""
+        if t.producer is not None and t.producer not in op_ids:
+            return self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not exist")
+        if t.producer is not None and t.id not in written:
+            return self.fail(f"vsim.tensors[{i}].producer", f"op {t.producer} does not list "
+                             f"tensor {t.id} in its writes")
+        for j, c in enumerate(t.consumers):
+            if c not in op_ids:
+                return self.fail(f"vsim.tensors[{i}].consumers[{j}]", f"op {c} does not exist")
+        raise AssertionError(f"check_graph: nothing wrong with tensor {t.id}")  # (unreachable)
 
 
 _PHASE = {p: p for p in PHASES}  # one shared string per phase, not one per op
 
 
 def _builder(cls: type) -> Callable[..., Any]:
-    """A positional constructor (every field, in order) of a frozen slots dataclass that sets
-    each slot through its descriptor: the dataclass's own __init__ sets each field through
-    object.__setattr__ (it is frozen), twice as slow (an Op: 2.9 -> 1.5 us, a 1M-op trace's
-    load builds 1.6M records). The same object as cls(*fields): these classes have no
-    __post_init__ (tests/test_trace_io.py holds the two equal)."""
+    """A positional constructor (every field, in order) of a frozen slots dataclass, faster
+    than its own __init__, which sets each field through object.__setattr__ (it is frozen):
+    the object is made as an instance of a plain class with the same slots (the same layout),
+    whose fields the interpreter stores directly, and then given its class (a 1M-op trace's
+    load builds 2.6M records: an Op 2.9 us through __init__, 0.9 through each slot's __set__,
+    0.3 this way). The same object as cls(*fields): these classes have no __post_init__
+    (tests/test_trace_io.py holds the two equal)."""
     names = [f.name for f in dataclasses.fields(cls)]
-    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
-    scope.update({f"set_{n}": cls.__dict__[n].__set__ for n in names})
-    body = "".join(f"    set_{n}(obj, {n})\n" for n in names)
-    exec(f"def build({', '.join(names)}):\n    obj = new(cls)\n{body}    return obj\n", scope)
+    if tuple(names) != tuple(cls.__dict__["__slots__"]):
+        raise TypeError(f"{cls.__name__}: its slots are not its fields in order")
+    blank = type(f"_{cls.__name__}Blank", (), {"__slots__": tuple(names)})
+    scope: dict[str, Any] = {"new": object.__new__, "blank": blank, "cls": cls}
+    body = "".join(f"    obj.{n} = {n}\n" for n in names)
+    exec(f"def build({', '.join(names)}):\n    obj = new(blank)\n{body}"
+         "    obj.__class__ = cls\n    return obj\n", scope)
     build: Callable[..., Any] = scope["build"]
     return build
 

@@ -51,7 +51,7 @@ class StreamOrder:
             self.dep_pos.setdefault(op.stream, []).append(pos)
             self.dep_ops.setdefault(op.stream, []).append(op.deps)
 
-    def _before(self, first: int, op: Op) -> bool:
+    def before(self, first: int, op: Op) -> bool:
         """Whether op `first` (entered earlier) happens before `op` (just entered)."""
         stream, pos = self.where[first]
         own_stream, own_pos = self.where[op.id]
@@ -89,7 +89,7 @@ class StreamOrder:
             return None
         # (a producer on the op's own stream entered before it, so runs before it: no search)
         if producer is not None and producer != op.id \
-                and self.where[producer][0] != op.stream and not self._before(producer, op):
+                and self.where[producer][0] != op.stream and not self.before(producer, op):
             return (f"tensor {tensor} is produced by op {producer} on stream "
                     f"{self.where[producer][0]} and used on stream {op.stream} with no "
                     f"dependency on it (list op {producer} in deps)")
@@ -99,7 +99,7 @@ class StreamOrder:
         if frees:
             for stream, reader in (sorted(readers.items()) if len(readers) > 1
                                    else readers.items()):
-                if stream != op.stream and not self._before(reader, op):
+                if stream != op.stream and not self.before(reader, op):
                     return (f"tensor {tensor} is freed on stream {op.stream} while op {reader} "
                             f"on stream {stream} reads it with no dependency on it (list op "
                             f"{reader} in deps)")
