@@ -306,10 +306,11 @@ def test_validate_writes_nothing_unless_asked(tmp_path, capsys, monkeypatch):
     assert row["family"] == "plain-cnn" and row["policy"] == "none"
     assert result["by_family"]["plain-cnn"]["n"] == 1
     assert set(result["by_policy"]) == {"none"}
+    assert row["hardware"] == "h100-sxm" and set(result["by_hardware"]) == {"h100-sxm"}
     assert main(["validate", str(CASE), "--plot", "p.png"]) == 0
     out = capsys.readouterr().out
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    assert "by family" in out and "by policy" in out
+    assert "by family" in out and "by policy" in out and "by hardware" in out
 
 
 def test_record_prints_one_line_per_phase():

@@ -224,6 +224,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
+                "hardware": case.hardware,
                 "predicted": dict.fromkeys(keys), "measured": measured,
                 "error": dict.fromkeys(METRICS), "tolerance": case.tolerance, "ok": False,
                 "plan_error": str(exc)}
@@ -242,6 +243,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
         if metric in case.tolerance and err is not None and abs(err) > case.tolerance[metric]:
             ok = False
     row = {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
+           "hardware": case.hardware,
            "predicted": predicted, "measured": measured, "error": error,
            "tolerance": case.tolerance, "ok": ok}
     spread = repeat_spread(measured)
@@ -259,7 +261,8 @@ def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
              first_iteration: bool | None = None, workspace_fallback: bool | None = None,
              runtime_cost: bool | None = None) -> dict[str, Any]:
     """Run every case; {cases: [...], summary: {n, time_mape, peak_mape, fits_correct},
-    by_family: {family: summary}, by_policy: {policy name: summary}}."""
+    by_family: {family: summary}, by_policy: {policy name: summary}, by_hardware: {hardware
+    profile: summary}}."""
     rows = []
     for i, case in enumerate(cases, 1):
         if progress:
@@ -269,7 +272,8 @@ def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
         except VsimError as exc:
             raise ConfigError(f"case {case.id}: {exc}", case.source) from None
     return {"cases": rows, "summary": summarize(rows), "by_family": summarize_by(rows, "family"),
-            "by_policy": summarize_by(rows, "policy")}
+            "by_policy": summarize_by(rows, "policy"),
+            "by_hardware": summarize_by(rows, "hardware")}
 
 
 def summarize_by(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:

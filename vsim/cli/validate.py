@@ -157,7 +157,8 @@ def format_validation(result: dict[str, Any]) -> str:
     if s.get("plans_changed"):
         lines.append(f"* {s['plans_changed']} case(s): the policy now plans differently from the "
                      "plan measured (its digest); remeasure them to compare like with like")
-    for title, key in (("family", "by_family"), ("policy", "by_policy")):
+    for title, key in (("family", "by_family"), ("policy", "by_policy"),
+                       ("hardware", "by_hardware")):
         groups = result.get(key) or {}
         if not groups:
             continue
