@@ -1,7 +1,7 @@
 """The executor's host share of the iteration per measured run (issue 13 item 2): all of it
 (`executed.executor_host_us`) and its own part, the host work that is vsim's runtime's rather
 than PyTorch calls a plan needs whatever runs it (allocations, copy launches, pinned-pool
-waits, the replayed calls themselves: `executor_replay_call_us`, timed since 2026-11-26 09:30
+waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026-11-26 08:30
 UTC). Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
