@@ -18,7 +18,7 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -132,31 +132,7 @@ class CachingAllocator(Allocator):
         self.allocated_bytes -= block.size
         owner = block.segment.owner
         assert owner is not None
-        # (BlockPool.give_back written out, as for pools without address order)
-        block.free = True
-        seg = block.segment
-        seg.blocks_in_use -= 1
-        if seg.blocks_in_use == 0:
-            owner.free_segment_bytes += seg.size
-        prev, after = block.prev, block.next
-        by_size, blocks = owner.free.by_size, owner.free.blocks
-        if prev is not None and prev.free:
-            del by_size[bisect_left(by_size, -(prev.size << ADDR_BITS | prev.addr))]
-            del blocks[prev.addr]
-            prev.size += block.size
-            prev.next = after
-            if after is not None:
-                after.prev = prev
-            block = prev
-        if after is not None and after.free:
-            del by_size[bisect_left(by_size, -(after.size << ADDR_BITS | after.addr))]
-            del blocks[after.addr]
-            block.size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-        insort(by_size, -(block.size << ADDR_BITS | block.addr))
-        blocks[block.addr] = block
+        owner.give_back(block)
 
     # (a Block: no isinstance check, the engine asks twice per allocation and per release)
     def block_size(self, block: object) -> int:
