@@ -168,7 +168,6 @@ class Executor(Recomputation, NativeRuns):
         self.constant_calls: frozenset[int] = frozenset(
             k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \
             if self.recorded_ops else frozenset()
-        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         # (shape, dtype, device) -> a buffer replayed batch norms update their running
         # statistics into (vsim.runtime.recompute's _protect_mutated); kept across iterations
         self.scratch: dict[tuple[Any, ...], torch.Tensor] = {}

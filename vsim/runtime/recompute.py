@@ -163,15 +163,16 @@ def _schema_of(func: Any) -> tuple[tuple[int, str, bool, bool, bool, bool], ...]
     return got
 
 
-def written_args(func: Any, cache: dict[Any, tuple[tuple[int, str], ...]]
-                  ) -> tuple[tuple[int, str], ...]:
-    """(position, name) of the arguments an aten function writes to (in-place and out=)."""
-    got = cache.get(func)
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def written_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments an aten function writes to (in-place and out=): the
+    written rows of `_schema_of`, kept per function (the Python tracker asks on every call)."""
+    got = _WRITTEN.get(func)
     if got is None:
-        schema = getattr(func, "_schema", None)
-        got = tuple((i, a.name) for i, a in enumerate(schema.arguments if schema else ())
-                    if a.alias_info is not None and a.alias_info.is_write)
-        cache[func] = got
+        got = _WRITTEN[func] = tuple((i, name) for i, name, _, write, _, _ in _schema_of(func)
+                                     if write)
     return got
 
 
@@ -192,7 +193,6 @@ class Recomputation:
     next_key: int
     writes: dict[int, list[int]]
     mutations: dict[int, list[RecordedCall]]
-    _written: dict[Any, tuple[tuple[int, str], ...]]
     _storage: Callable[[int], Any]
     constants: dict[int, torch.Tensor]
     scratch: dict[tuple[Any, ...], torch.Tensor]
@@ -243,7 +243,7 @@ class Recomputation:
         activation after its producer): a recomputation that rebuilds the storage re-runs it,
         and one that reads the storage knows that its bytes changed since (see `_recompute`;
         the trace lists in-place updates as reads)."""
-        for i, name in written_args(func, self._written):
+        for i, name in written_args(func):
             x = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(x, torch.Tensor) and x.untyped_storage() in self.keys:
                 break

@@ -66,7 +66,7 @@ class Tracker(TorchDispatchMode):
             if native is not None:
                 ex.note_registered(watch)
         if rec is not None or k in ex.constant_calls or (
-                track and written_args(func, ex._written)):
+                track and written_args(func)):
             ex.on_call(func, args, kwargs, out, rng, k)
             if native is not None:  # a native iteration calls back here (its frame)
                 ex.cal_flagged[k] = (func, rng is not None)
