@@ -24,7 +24,7 @@ from ..allocator.base import Allocator, AllocatorSpec
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..host import HostModel, load_host_model
-from ..plan import Plan, PlanIndex, Planner, Recompute, Retime, RunPlan
+from ..plan import Plan, PlanIndex, Planner, Retime, RunPlan
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
@@ -108,7 +108,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     started = time.process_time()
     plan = policy.plan_with(trace, hw, capacity, planning_runner(
         allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-        host_time=host_time, tracked=tracked))
+        host_time=host_time, tracked=tracked, tracker=tracker))
     planned = time.process_time() - started
     result = run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
                       workspace_fallback=workspace_fallback, host_time=host_time,
@@ -119,23 +119,26 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
 
 def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: bool | None = None,
                     workspace_fallback: bool | None = None, host_time: bool | None = None,
-                    tracked: bool | None = None) -> RunPlan:
+                    tracked: bool | None = None, tracker: str | None = None) -> RunPlan:
     """The run_plan a policy plans with for a run on `run_allocator` (with these options): called
     with allocator None, as the policies' profiling runs call it, it runs the plan as the run
     itself will, so that a plan judged to fit fits the run (issue 14: the caching allocator's
     rounding, the first iteration and the workspace fallback decide what fits); called with an
     allocator, it is run_plan. `run_allocator` None: PyTorch's caching allocator (a plan made
-    outside a simulation). Its `iteration_floor(trace, hw, plan)` is a lower bound on the
-    iteration time such a profiling run reports (plan.iteration_floor)."""
+    outside a simulation). `tracker`: the op tracker the run's executor uses (run_plan's), so
+    that a plan is judged under the host costs it will run with. Its
+    `iteration_floor(trace, hw, plan)` is a lower bound on the iteration time such a profiling
+    run reports (plan.iteration_floor)."""
     return _PlanningRunner(run_allocator, first_iteration, workspace_fallback, host_time,
-                           tracked)
+                           tracked, tracker)
 
 
 class _PlanningRunner:
     def __init__(self, run_allocator: AllocatorSpec | None, first_iteration: bool | None,
-                 workspace_fallback: bool | None, host_time: bool | None, tracked: bool | None
-                 ) -> None:
+                 workspace_fallback: bool | None, host_time: bool | None, tracked: bool | None,
+                 tracker: str | None = None) -> None:
         self.run_allocator = run_allocator
+        self.tracker = tracker
         self.first_iteration, self.workspace_fallback = first_iteration, workspace_fallback
         self.host_time, self.tracked = host_time, tracked
         self._free_us: dict[tuple[int, str], tuple[Trace, dict[int, float]]] = {}
@@ -147,12 +150,12 @@ class _PlanningRunner:
         return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
                         first_iteration=self.first_iteration,
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,
-                        tracked=self.tracked)
+                        tracked=self.tracked, tracker=self.tracker)
 
     def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
         """A lower bound on the iteration time this runner's profiling run reports for `plan`
         (vsim.engine.floor), with the host model and tracking its runs use."""
-        host = _host_model(trace, hw, self.host_time, plan)
+        host = _host_model(trace, hw, self.host_time, plan, self.tracker)
         tracked = bool(plan.actions) if self.tracked is None else self.tracked
         clock = None if host is None else HostClock(trace, host, tracked, PlanIndex(plan))
         key = (id(trace), hw.name)
@@ -170,9 +173,7 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None, plan: Plan,
     if not (host_time or (host_time is None and trace.meta.get("torch"))):
         return None
     host = load_host_model(hw.name)
-    if tracker is None:
-        tracker = "python" if any(isinstance(a, Recompute) for a in plan.actions) else "native"
-    if host is None or tracker == "python":
+    if host is None or tracker == "python":  # None: the runtime's default, native where built
         return host
     return dataclasses.replace(host, tracker_us_per_op=0.0)
 
@@ -210,7 +211,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     executor runs the tracker only then. `tracker`: which op tracker that executor runs
     (vsim.runtime.nativerun): "python" pays tracker_us_per_op per op, "native" (a C++ counter,
     its cost not modelled: -1% to +16% at batch 64 on the H200, validation/runtime/) does not;
-    None: as the runtime chooses, Python only for plans that recompute.
+    None: native, as the runtime's default ("auto") runs every plan where the native tracker
+    builds. Planning profiling runs use the same tracker (planning_runner), so that a plan is
+    judged under the host costs it runs with.
     """
     capacity = _capacity(hw, capacity_bytes)
     if allocator is None:  # a profiling run outside a simulation: PyTorch's (vsim run's default)
