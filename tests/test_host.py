@@ -150,14 +150,14 @@ def test_runtime_cost_can_be_switched_off() -> None:
     runs = {cost: simulate(trace, hw, make_policy("superneurons"), make_allocator("caching"),
                            6 << 30, runtime_cost=cost).report["iteration_time_us"]
             for cost in (None, False)}
-    assert runs[None] > runs[False] * 1.5  # 69 ms against 29 ms
+    assert runs[None] > runs[False] * 1.15  # 36 ms against 29 ms (native tracker)
     assert time.perf_counter() - t0 < 30
 
 
 def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
-    """run_plan(tracker=): vsim's runtime runs offload-only plans under its C++ op counter (no
-    per-op tracker cost) and recomputing plans under the Python tracker (tracker_us_per_op per
-    op); validate passes the measured run's own tracker."""
+    """run_plan(tracker=): vsim's runtime runs plans under its C++ op counter by default (no
+    per-op tracker cost), the Python tracker costs tracker_us_per_op per op; validate passes
+    the measured run's own tracker."""
     from vsim.allocator import make_allocator
     from vsim.engine import run_plan
     from vsim.hardware import load_hardware
