@@ -105,6 +105,9 @@ class IterationStats:
     # part of host_us: the runtime's own work, which a C++ runtime would do in C++)
     record_us: float = 0.0
     recorded_calls: int = 0
+    # the saved-tensor hook (a Python call per tensor autograd saves; not part of host_us)
+    pack_us: float = 0.0
+    packs: int = 0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -304,6 +307,7 @@ class Executor(Recomputation, NativeRuns):
             self.stats.skipped["input restored at the end"] += 1
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         paused, self.paused = self.paused, True
         native = self._pause_native(True)
         try:
@@ -312,6 +316,8 @@ class Executor(Recomputation, NativeRuns):
         finally:
             self.paused = paused
             self._pause_native(native)
+            self.stats.packs += 1
+            self.stats.pack_us += (time.perf_counter() - t0) * 1e6
 
     @contextmanager
     def untracked(self) -> Iterator[None]:

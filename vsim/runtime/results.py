@@ -155,6 +155,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None) -> dict[
             "executor_replay_call_us": round(stats.replay_call_us, 1),
             "executor_record_us": round(stats.record_us, 1),
             "recorded_calls": stats.recorded_calls,
+            "executor_pack_us": round(stats.pack_us, 1), "packs": stats.packs,
             "executor_own_us": round(stats.host_us - stats.alloc_us - stats.copy_us
                                      - stats.pool_wait_us - stats.recompute_us
                                      - stats.record_us, 1),

@@ -325,6 +325,7 @@ class Session:
                           self._pool(plan), strict=strict, memory_fraction=fraction,
                           tracker=tracker)
         times: list[float] = []
+        issued: list[float] = []  # host time until the step returned, before the final sync
         peaks_a: list[int] = []
         peaks_r: list[int] = []
         stats: IterationStats | None = None
@@ -347,6 +348,7 @@ class Session:
                     stats = self._iteration(ex, notes)
                 else:
                     self.step()
+                t_issued = time.perf_counter()
                 self._sync()
                 dt = (time.perf_counter() - t0) * 1e6
                 if prof is not None:
@@ -355,6 +357,7 @@ class Session:
                     continue
                 if i >= warmup:
                     times.append(dt)
+                    issued.append((t_issued - t0) * 1e6)
                     if self.gpu:
                         peaks_a.append(torch.cuda.max_memory_allocated(self.device))
                         peaks_r.append(torch.cuda.max_memory_reserved(self.device))
@@ -406,6 +409,9 @@ class Session:
             "fits": fits, "oom": oom,
             "iteration_time_us": round(statistics.median(times), 3) if fits else None,
             "iteration_times_us": [round(t, 3) for t in times],
+            # the host's time to issue the iteration (the step returned; the GPU may still
+            # run): close to the iteration time when the host bounds it
+            "host_issue_us": round(statistics.median(issued), 1) if fits and issued else None,
             "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
                                      if fits and peaks_a else None),
             "peak_reserved_bytes": (int(statistics.median_low(peaks_r))
