@@ -72,6 +72,12 @@ class HostModel:
     free_us: float = 0.0
     recompute_call_us: float = 0.0
     record_call_us: float = 0.0
+    # Outside the executor's timers (fit_executor.py, `unseen`): its saved-tensor hook, per
+    # forward op; under the native tracker, the call back into Python with a recorded call's
+    # arguments and outputs, per recorded aten call (the Python tracker's own cost per op,
+    # tracker_us_per_op, includes both)
+    pack_us: float = 0.0
+    record_callback_us: float = 0.0
     calls_per_op: dict[str, float] = field(default_factory=dict)
     calls_default: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -178,4 +184,7 @@ def read_host_model(path: Path) -> HostModel:
                                           "executor.recompute_call_us"),
                      record_call_us=us(executor.get("record_call_us", 0.0),
                                        "executor.record_call_us"),
+                     pack_us=us(executor.get("pack_us", 0.0), "executor.pack_us"),
+                     record_callback_us=us(executor.get("record_callback_us", 0.0),
+                                           "executor.record_callback_us"),
                      calls_per_op=calls, calls_default=calls_default)

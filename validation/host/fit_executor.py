@@ -14,8 +14,21 @@ recorded and replayed calls rising together). The rest of the executor's time,
     executor_host_us - recompute - record = copy_us * (offloads + prefetches)
                                             + free_us * (releases + drops),
 
-is fitted (non-negative least squares). Offloads and prefetches come in equal numbers in almost
-every run, so they share one cost. The engine charges the replay and the recording per aten
+is fitted (non-negative least squares).
+
+Two costs of the runtime fall outside those timers, and are estimated apart (`unseen`):
+- the saved-tensor hook, a Python call per tensor autograd saves (`executor_pack_us`, timed
+  since 2026-11-26 11:00 UTC): `pack_us` per forward op, the median over runs of the hook's
+  time per forward op of the run's trace (2.2 saved tensors per forward op, 1.7-2.3);
+- under the native tracker, its call back into Python with each recorded call's arguments and
+  outputs (converted before the Python callback's timer starts): `record_callback_us` per
+  recorded call, from the host's issue time of the iteration (`host_issue_us`): a run that
+  recomputes, less the same model's run without a policy measured in the same call, less the
+  executor's timed time and the hook's, per recorded call; the median over such pairs whose
+  plan neither offloads nor made the allocator retry (their issue time waits for the GPU).
+
+Offloads and prefetches come in equal numbers in almost every run, so they share one cost. The
+engine charges the replay and the recording per aten
 call, a trace op counting as `calls_per_op` calls (validation/host/calls_per_op.py). Runs whose
 caching allocator retried (allocator_churn.num_alloc_retries > 0) are left out: a retry
 synchronizes the device inside an action, so their executor time includes waiting for the GPU.
@@ -33,9 +46,12 @@ import argparse
 import glob
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMS = ("copy_us", "free_us", "recompute_call_us", "record_call_us")  # in this order
@@ -84,6 +100,45 @@ def per_call(rows: list[dict], key: str) -> float:
     return float(np.median(got)) if got else 0.0
 
 
+def unseen(hardware: str, held: set[str]) -> dict[str, float]:
+    """pack_us (per forward op) and record_callback_us (per recorded call): see the module."""
+    from vsim.trace import load_trace
+
+    fwd_ops: dict[str, int] = {}
+    measured = [json.loads(Path(f).read_text())
+                for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json")))]
+    measured = [d for d in measured if d.get("hardware") == hardware]
+    pack, callback, check = [], [], []
+    plain = {(d["model"], d["batch_size"]): d for d in measured
+             if d.get("host_issue_us") and not d.get("executed") and d.get("fits")}
+    for d in measured:
+        ex = d.get("executed") or {}
+        if not ex.get("packs") or d["model"] in held:
+            continue
+        if d["trace"] not in fwd_ops:
+            fwd_ops[d["trace"]] = sum(o.phase == "fwd" for o in load_trace(ROOT / d["trace"]).ops)
+        pack.append(ex["executor_pack_us"] / fwd_ops[d["trace"]])
+    for d in measured:
+        ex = d.get("executed") or {}
+        none = plain.get((d["model"], d["batch_size"]))
+        churn = d.get("allocator_churn") or {}
+        if none is None or not d.get("host_issue_us") or not ex.get("recorded_calls") or \
+                ex.get("offloads") or churn.get("num_alloc_retries") or \
+                ex.get("tracker") != "native":
+            continue
+        left = (d["host_issue_us"] - none["host_issue_us"] - ex["executor_host_us"]
+                - ex.get("executor_pack_us", 0.0))
+        (check if d["model"] in held else callback).append((d["id"], left / ex["recorded_calls"]))
+    out = {"pack_us": float(np.median(pack)) if pack else 0.0,
+           "record_callback_us": float(np.median([v for _, v in callback])) if callback else 0.0}
+    print(f"  pack_us: {out['pack_us']:.1f}  # {len(pack)} runs")
+    print(f"  record_callback_us: {out['record_callback_us']:.1f}  # {len(callback)} pairs: "
+          + ", ".join(f"{i} {v:.0f}" for i, v in callback))
+    if check:
+        print("  held out, per recorded call: " + ", ".join(f"{i} {v:.0f}" for i, v in check))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hardware", default="h100-sxm")
@@ -118,6 +173,8 @@ def main() -> None:
     print(f"| fit | {err(fit)} |")
     print(f"| held out | {err([r for r in data if r['model'] in held and not r['retried']])} |")
     print(f"| allocator retried (not fitted) | {err([r for r in data if r['retried']])} |")
+    print("outside the executor's timers:")
+    unseen(args.hardware, held)
 
 
 if __name__ == "__main__":

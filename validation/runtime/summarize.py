@@ -25,7 +25,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for m in models:
         for r in sorted({d["run"] for d in runs.get(f"{m}-none", [])}):
-            def ms(suffix: str, r: str = r) -> float | None:
+            def ms(suffix: str, r: str = r, m: str = m) -> float | None:
                 got = [d for d in runs.get(f"{m}-{suffix}", []) if d["run"] == r]
                 return got[0]["iteration_time_us"] / 1e3 if got and got[0]["fits"] else None
             base = ms("none")

@@ -173,8 +173,11 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None, plan: Plan,
     if not (host_time or (host_time is None and trace.meta.get("torch"))):
         return None
     host = load_host_model(hw.name)
-    if host is None or tracker == "python":  # None: the runtime's default, native where built
-        return host
+    if host is None:
+        return None
+    if tracker == "python":  # its cost per op includes the hook's and the recording's calls
+        return dataclasses.replace(host, pack_us=0.0, record_callback_us=0.0)
+    # None: the runtime's default, native where built
     return dataclasses.replace(host, tracker_us_per_op=0.0)
 
 

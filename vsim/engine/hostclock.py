@@ -16,7 +16,9 @@ a plan, whose Python costs the host more (validation/host/README.md): its dispat
 `model.tracker_us_per_op` per op, and carrying out the plan's actions costs `copy_us` per
 offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
 for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
-is recorded after it runs at `record_call_us` per aten call, and a recomputed op is replayed at
+is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
+Python at `record_callback_us`) per aten call, the executor's saved-tensor hook costs `pack_us`
+per forward op, and a recomputed op is replayed at
 `recompute_call_us` per aten call instead of PyTorch's forward cost; an op's calls are
 `HostModel.calls(op)` (by op name, from the runtime's op maps).
 These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
@@ -41,8 +43,10 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op) -> tuple[floa
                                len(index.offload_at.get(oid, ())))
     after = model.copy_us * len(index.offload_after.get(oid, ())) + model.free_us * (
         len(index.release_after.get(oid, ())) + len(index.drop_after.get(oid, ())))
-    if model.record_call_us and oid in index.recomputed_ops:
-        after += model.record_call_us * model.calls(op)
+    if oid in index.recomputed_ops:
+        after += (model.record_call_us + model.record_callback_us) * model.calls(op)
+    if op.phase == "fwd":
+        before += model.pack_us  # the saved-tensor hook on what the op saves for backward
     return before, after
 
 
