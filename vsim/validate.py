@@ -19,6 +19,7 @@ A file may hold one case or a list under `cases:`. Paths are relative to the rep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,9 +192,15 @@ def repeat_spread(measured: dict[str, Any]) -> dict[str, float] | None:
 
 def measured_tracker(measured: dict[str, Any]) -> str | None:
     """The op tracker the measured run's executor used (`executed.tracker`; runs before the
-    native tracker used the Python one); None without an executor (the runtime's choice)."""
+    native tracker used the Python one); None without an executor (the runtime's choice), and
+    for a run stopped out of memory in its first iteration, which calibrates the native
+    tracker under the Python one: the runtime would have gone on natively."""
     executed = measured.get("executed")
     if not isinstance(executed, dict):
+        return None
+    calibrating = any(str(n).startswith("instrumented: the native op tracker")
+                      for n in measured.get("notes") or ())
+    if calibrating and not measured.get("fits") and executed.get("iterations", 0) <= 1:
         return None
     got = executed.get("tracker", "python")
     return got if got in ("python", "native") else "python"
@@ -295,7 +302,7 @@ def metric_ok(row: dict[str, Any], metric: str) -> bool:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def mape(metric: str) -> float | None:
         errs = [abs(r["error"][metric]) for r in rows if r["error"].get(metric) is not None]
-        return sum(errs) / len(errs) if errs else None
+        return math.fsum(errs) / len(errs) if errs else None
 
     spreads = [r["time_spread"]["relative"] for r in rows if r.get("time_spread")]
     return {"n": len(rows), "time_mape": mape("iteration_time"),

@@ -24,6 +24,7 @@ implicit GEMM with no workspace. Its time, in order of preference:
 
 from __future__ import annotations
 
+import math
 import weakref
 
 from .compute import Efficiencies, load_efficiencies, memory_algo_ratio, op_class, op_costs
@@ -89,7 +90,7 @@ def _memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], l
             how = "modelled" if op.attr("memory_algo") == "model" else "measured"
             dur = float(attr)
         elif eff is not None and op.dur_us > 0:
-            busy = sum(k.dur_us for k in op.kernels) if op.kernels else op.dur_us
+            busy = math.fsum(k.dur_us for k in op.kernels) if op.kernels else op.dur_us
             ratio = memory_algo_ratio(costs[op.id], hw, eff)
             how, dur = "modelled", op.dur_us - busy + busy * ratio
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -366,9 +367,9 @@ def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:
         out.memory.log, out.memory.allocator.has_segments, end)
     return {
         "iteration_time_us": end,
-        "compute_time_us": sum(e.dur_us for e in executed),
-        "stall_time_us": sum(e.stall_us for e in executed),
-        "recompute_time_us": sum(e.dur_us for e in executed if e.recompute_of is not None),
+        "compute_time_us": math.fsum(e.dur_us for e in executed),
+        "stall_time_us": math.fsum(e.stall_us for e in executed),
+        "recompute_time_us": math.fsum(e.dur_us for e in executed if e.recompute_of is not None),
         "peak_allocated_bytes": peak_allocated,
         "peak_reserved_bytes": peak_reserved,
         "avg_allocated_bytes": avg_allocated,

@@ -10,6 +10,7 @@ transfers are interrupted, their remaining bytes updated and their timers restar
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class Link:
         for t in self.active:
             t.remaining_bytes = max(0.0, t.remaining_bytes - t.rate * (now - t.since_us))
             t.since_us = now
-        total = sum(t.own_rate for t in self.active)
+        total = math.fsum(t.own_rate for t in self.active)
         scale = 1.0
         if len({t.direction for t in self.active}) == 2 and total > self.hw.duplex_bytes_per_us:
             scale = self.hw.duplex_bytes_per_us / total

@@ -22,6 +22,7 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,7 @@ class Hybrid(FittedPolicy):
             chain = chains[t]
             held[i] = bool(chain) and not stale_inputs(view, chain) \
                 and all(alive_in_trace(view, u, int(dhi[i])) for u in ins[i])
-            chain_us[i] = sum(view.op[o].dur_us for o in chain)
+            chain_us[i] = math.fsum(view.op[o].dur_us for o in chain)
 
         key = ("hybrid candidates", repr(a.hw))
         if key not in view.memo:

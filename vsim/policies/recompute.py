@@ -251,7 +251,7 @@ class Segmenter:
         if not sh.dropped:
             return SegmentCost((), (), None, sh.kept_bytes, 0, 0, 0.0, True)
         transient = self._transient(sh.transient)
-        us = sum(self.durs.get(o, self.view.op[o].dur_us) for o in sh.chain)
+        us = math.fsum(self.durs.get(o, self.view.op[o].dur_us) for o in sh.chain)
         return SegmentCost(sh.dropped, sh.chain, sh.before_op, sh.kept_bytes, sh.dropped_bytes,
                            transient, us, sh.valid)
 
@@ -435,7 +435,7 @@ class Segmenter:
 
 def recompute_us(view: TraceView, plan: Plan) -> float:
     """The recorded time of the ops a plan recomputes."""
-    return sum(view.op[o].dur_us for a in plan.actions if isinstance(a, RecomputeAction)
+    return math.fsum(view.op[o].dur_us for a in plan.actions if isinstance(a, RecomputeAction)
                for o in a.ops)
 
 
