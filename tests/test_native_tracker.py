@@ -168,6 +168,43 @@ def test_a_native_divergence_falls_back_to_the_python_tracker(cnn) -> None:
     s.restore()
 
 
+def test_a_native_iteration_out_of_memory_runs_again_under_the_python_tracker(cnn) -> None:
+    """Under "auto", a native iteration that runs out of memory after its calibrating one fit
+    runs again under the Python tracker (and so does every later one): the tracker, not the
+    plan, must not decide that a plan does not fit. A tracker asked for by name keeps the
+    error."""
+    from vsim.runtime.executor import Executor
+
+    trace, s = cnn
+    _pol, plan = s._plan("superneurons", None)
+
+    def failing_once(ex: Executor):
+        real, failed = ex._run_native, []
+
+        def run_native(step):  # type: ignore[no-untyped-def]
+            if not failed:
+                failed.append(True)
+                raise torch.OutOfMemoryError("CUDA out of memory (as if)")
+            return real(step)
+        ex._run_native = run_native  # type: ignore[method-assign]
+
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    ex.run(s.step)  # calibrates under the Python tracker
+    failing_once(ex)
+    notes: list[str] = []
+    stats = s._iteration(ex, notes)
+    assert stats.tracker == "python" and stats.recomputed_calls > 0
+    assert "out of memory in a native iteration" in ex.tracker_note
+    assert notes and "ran again under the Python tracker" in notes[0]
+    assert s._iteration(ex).tracker == "python"
+    named = Executor(plan, s.opmap, trace, s.device, s.flat_inputs, tracker="native")
+    named.run(s.step)
+    failing_once(named)
+    with pytest.raises(torch.OutOfMemoryError):
+        s._iteration(named)
+    s.restore()
+
+
 def test_swap_storages_exchanges_two_storages_memory_without_a_copy() -> None:
     """The native swap a recomputation rebuilds a dropped tensor with where PyTorch has no
     UntypedStorage._swap_data_ptr_ (torch 2.11 on the H100 machine)."""

@@ -104,6 +104,7 @@ class NativeRuns:
         self._cal: dict[tuple[bool, ...], Any] = {}  # key -> (Calibration, Targets) or why not
         self._start_ops = plan_start_ops
         self._end_ops = plan_end_ops
+        self.tracker_requested = tracker
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -316,9 +317,13 @@ class NativeRuns:
         """A native iteration's calls were not its calibration's: later iterations under these
         flags run under the Python tracker (which stops a step that really differs from the
         trace with OpSequenceError)."""
+        self.give_up_native(why)
+        return NativeDivergence(why)
+
+    def give_up_native(self, why: str) -> None:
+        """Later iterations under these determinism flags run under the Python tracker."""
         self._cal[determinism_key()] = f"native tracker not used: {why}"
         self.tracker_note = f"native tracker given up: {why}"
-        return NativeDivergence(why)
 
     def _pause_native(self, on: bool) -> bool:
         return bool(self._native.pause(on)) if self._native is not None else False
