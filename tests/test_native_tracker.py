@@ -197,6 +197,12 @@ def test_a_native_iteration_out_of_memory_runs_again_under_the_python_tracker(cn
     assert "out of memory in a native iteration" in ex.tracker_note
     assert notes and "ran again under the Python tracker" in notes[0]
     assert s._iteration(ex).tracker == "python"
+    late = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    late.run(s.step)
+    assert late.run(s.step).tracker == "native"
+    failing_once(late)  # after a native iteration ran to the end: the plan's, kept
+    with pytest.raises(torch.OutOfMemoryError):
+        s._iteration(late)
     named = Executor(plan, s.opmap, trace, s.device, s.flat_inputs, tracker="native")
     named.run(s.step)
     failing_once(named)

@@ -182,6 +182,7 @@ class Executor(Recomputation, NativeRuns):
             self.d2h = torch.cuda.Stream(device)
             self.h2d = torch.cuda.Stream(device)
         self.paused = False
+        self.native_iterations = 0  # iterations that ran to the end under the native tracker
         self.iterations = 0
         self.inputs_pending = False  # abort could not bring an offloaded input back
         releases = {o.release_after if o.release_after is not None else o.at_op
@@ -251,6 +252,7 @@ class Executor(Recomputation, NativeRuns):
             self.abort()
             raise
         self.iterations += 1
+        self.native_iterations += self.stats.tracker == "native"
         return self.stats
 
     def finish(self) -> None:

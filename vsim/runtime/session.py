@@ -216,8 +216,8 @@ class Session:
     def _iteration(self, ex: Executor, notes: list[str] | None = None) -> IterationStats:
         """One iteration with `ex`; one whose native tracker diverged from its calibration runs
         again under the Python tracker (its time then includes both: a note says so). So does
-        one that ran out of memory under the native tracker chosen by "auto" after its
-        calibrating iteration fit under the Python one: on VGG-16(256) at 12 GiB a recompute
+        the first native iteration (tracker "auto") when it runs out of memory after the
+        calibrating iteration fit under the Python tracker: on VGG-16(256) at 12 GiB a recompute
         plan's native iterations held 2.3 GiB more while a chain was replayed (peak 14.0 GiB
         against 11.7 GiB, 2026-11-26; cause not found), so a plan that fits would be reported
         out of memory because of the tracker, not the plan."""
@@ -233,8 +233,10 @@ class Session:
             self._sync()
             return ex.run(self.step)
         except torch.OutOfMemoryError:
+            # only before any native iteration has run to the end: a later one that runs out
+            # is the plan's (or the allocator's) doing, not the tracker's
             if ex.stats.tracker != "native" or ex.tracker_requested != "auto" or \
-                    ex.iterations == 0:
+                    ex.iterations == 0 or ex.native_iterations > 0:
                 raise
         # out of the except block, so that its traceback (the stopped iteration's tensors) is
         # gone before the iteration runs again
