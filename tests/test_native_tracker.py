@@ -255,3 +255,26 @@ def test_a_recomputing_plan_rebuilds_tensors_with_the_native_swap(monkeypatch, s
     assert got["executed"]["recomputed_calls"] > 0 and got["check"]["bitwise_equal"], got["check"]
     copied = got["executed"]["skipped"].get("recomputed tensor copied into place", 0)
     assert (copied == 0) if swap else (copied > 0)
+
+
+def test_the_reference_noise_is_the_widest_of_several_repeats_when_kernels_vary() -> None:
+    """One repeat of the reference understates the spread of nondeterministic kernels: where it
+    is not bitwise equal, NOISE_REPEATS repeats run and the largest differences are kept; a
+    deterministic reference costs one."""
+    from types import SimpleNamespace
+
+    from vsim.runtime.session import NOISE_REPEATS, Session
+
+    ref = {"loss": torch.tensor(1.0), "grads": [torch.zeros(3)]}
+    runs = iter([0.1, 0.4, 0.2] + [0.0] * NOISE_REPEATS)
+
+    def gradients(_ex: object) -> dict:
+        return {"loss": torch.tensor(1.0), "grads": [torch.full((3,), next(runs))]}
+
+    noise = Session._repeat_noise(SimpleNamespace(reference=ref, gradients=gradients))
+    assert noise["repeats"] == NOISE_REPEATS > 2
+    assert abs(noise["max_abs_grad_diff"] - 0.4) < 1e-6  # the widest, not the first (0.1)
+    same = Session._repeat_noise(SimpleNamespace(
+        reference=ref, gradients=lambda _ex: {"loss": torch.tensor(1.0),
+                                              "grads": [torch.zeros(3)]}))
+    assert same["repeats"] == 1 and same["bitwise_equal"]

@@ -76,6 +76,9 @@ def squeezes(plan: Plan) -> bool:
     return any(isinstance(a, Retime) and a.workspace_bytes == 0 for a in plan.actions)
 
 
+NOISE_REPEATS = 5
+"""Repeats of the reference's gradients where the first repeat already differs."""
+
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
@@ -138,8 +141,24 @@ class Session:
         self.noise: dict[str, Any] | None = None
         if check:
             self.reference = self.gradients(None)
-            again = self.gradients(None)
-            self.noise = compare_gradients(self.reference, again)
+            self.noise = self._repeat_noise()
+
+    def _repeat_noise(self) -> dict[str, Any]:
+        """The reference's own spread: its gradients again, against it. Where one repeat is not
+        bitwise equal (nondeterministic kernels: atomics in bf16 matmul and attention
+        backward), one repeat understates the spread, so NOISE_REPEATS of them are run and the
+        largest differences kept (`repeats` says how many)."""
+        assert self.reference is not None
+        noise = compare_gradients(self.reference, self.gradients(None))
+        noise["repeats"] = 1
+        if noise["bitwise_equal"]:
+            return noise
+        for _ in range(NOISE_REPEATS - 1):
+            other = compare_gradients(self.reference, self.gradients(None))
+            for key in ("max_abs_grad_diff", "max_rel_grad_diff"):
+                noise[key] = max(noise[key], other[key])
+        noise["repeats"] = NOISE_REPEATS
+        return noise
 
     # ------------------------------------------------------------ training
 
@@ -411,7 +430,7 @@ class Session:
         if check is not None and self.noise is not None:
             check["reference_repeat"] = {k: self.noise[k] for k in
                                          ("bitwise_equal", "max_abs_grad_diff",
-                                          "max_rel_grad_diff")}
+                                          "max_rel_grad_diff", "repeats")}
         self._uncap()
         fits = oom is None
         notes += case_notes(plan, ex, stats, self.trace)
