@@ -42,6 +42,21 @@ def test_a_boundary_at_a_call_outside_every_counted_call_fires_where_the_last_on
     assert tg.after == {0: 1} and tg.pre == {} and tg.flags == bytes([2])
 
 
+def test_a_boundary_outside_counted_calls_before_the_next_one_goes_before_it() -> None:
+    """Autograd's detaches before a node's first counted call: acting before that call, not
+    where the last one returned (whose output its callback would hold while the actions run);
+    only when the calls up to it are views."""
+    # counted calls: 0 (Python call 0), then Python call 1 outside (a view), 1 (Python call 2)
+    cal = _cal(before=[1, 1, 2], inside=[True, False, True], views=[False, True, False],
+               names=["aten::threshold_backward", "aten::convolution_backward"])
+    tg = targets(cal, boundary_calls=[1], watch={})
+    assert tg.pre == {1: 1} and tg.after == {} and tg.flags == bytes([0, 1])
+    assert tg.expect == {1: "aten::convolution_backward"}
+    launching = _cal(before=[1, 1, 2], inside=[True, False, True], views=[False, False, False],
+                     names=["aten::a", "aten::b"])
+    tg = targets(launching, boundary_calls=[1], watch={})
+    assert tg.after == {0: 1} and tg.pre == {}
+
 def test_watched_outputs_are_found_by_storage_or_where_autograd_saves_them() -> None:
     cal = _cal(before=[1, 2], inside=[True, True], views=[False, False],
                names=["aten::conv2d", "aten::max_pool2d"],
