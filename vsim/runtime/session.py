@@ -236,10 +236,10 @@ class Session:
         """One iteration with `ex`; one whose native tracker diverged from its calibration runs
         again under the Python tracker (its time then includes both: a note says so). So does
         the first native iteration (tracker "auto") when it runs out of memory after the
-        calibrating iteration fit under the Python tracker: on VGG-16(256) at 12 GiB a recompute
-        plan's native iterations held 2.3 GiB more while a chain was replayed (peak 14.0 GiB
-        against 11.7 GiB, 2026-11-26; cause not found), so a plan that fits would be reported
-        out of memory because of the tracker, not the plan."""
+        calibrating iteration fit under the Python tracker: a safety net, so that a plan that fits
+        is not reported out of memory because of the tracker (on VGG-16(256) at 12 GiB a
+        recompute plan's native iterations held 2.3 GiB more while a chain was replayed, until
+        native.targets stopped acting inside the previous counted call's callback)."""
         try:
             return ex.run(self.step)
         except NativeDivergence as exc:
