@@ -18,7 +18,7 @@ is fitted (non-negative least squares).
 
 Two costs of the runtime fall outside those timers, and are estimated apart (`unseen`):
 - the saved-tensor hook, a Python call per tensor autograd saves (`executor_pack_us`, timed
-  since 2026-11-26 11:00 UTC): `pack_us` per forward op, the median over runs of the hook's
+  since 2026-11-26 10:48 UTC): `pack_us` per forward op, the median over runs of the hook's
   time per forward op of the run's trace (2.2 saved tensors per forward op, 1.7-2.3);
 - under the native tracker, its call back into Python with each recorded call's arguments and
   outputs (converted before the Python callback's timer starts): `record_callback_us` per
