@@ -23,8 +23,9 @@ Two costs of the runtime fall outside those timers, and are estimated apart (`un
 - under the native tracker, its call back into Python with each recorded call's arguments and
   outputs (converted before the Python callback's timer starts): `record_callback_us` per
   recorded call, from the host's issue time of the iteration (`host_issue_us`): a run that
-  recomputes, less the same model's run without a policy measured in the same call, less the
-  executor's timed time and the hook's, per recorded call; the median over such pairs whose
+  recomputes, less the same model's run without a policy measured in the same call
+  (`same_call`), less the executor's timed time and the hook's, per recorded call; the median
+  over such pairs whose
   plan neither offloads nor made the allocator retry (their issue time waits for the GPU).
 
 Offloads and prefetches come in equal numbers in almost every run, so they share one cost. The
@@ -100,6 +101,17 @@ def per_call(rows: list[dict], key: str) -> float:
     return float(np.median(got)) if got else 0.0
 
 
+def same_call(a: dict, b: dict, minutes: float = 20.0) -> bool:
+    """Whether two runs were measured in one device call (their dates within `minutes`): the
+    host's speed moves between calls by up to 1.5x (host/noise/rerun-2026-11-26.json), which a
+    difference of issue times must not include."""
+    from datetime import datetime
+
+    def when(d: dict) -> datetime:
+        return datetime.fromisoformat(d["provenance"]["date"].replace("Z", "+00:00"))
+    return abs((when(a) - when(b)).total_seconds()) <= minutes * 60
+
+
 def unseen(hardware: str, held: set[str]) -> dict[str, float]:
     """pack_us (per forward op) and record_callback_us (per recorded call): see the module."""
     from vsim.trace import load_trace
@@ -124,7 +136,7 @@ def unseen(hardware: str, held: set[str]) -> dict[str, float]:
         churn = d.get("allocator_churn") or {}
         if none is None or not d.get("host_issue_us") or not ex.get("recorded_calls") or \
                 ex.get("offloads") or churn.get("num_alloc_retries") or \
-                ex.get("tracker") != "native":
+                ex.get("tracker") != "native" or not same_call(d, none):
             continue
         left = (d["host_issue_us"] - none["host_issue_us"] - ex["executor_host_us"]
                 - ex.get("executor_pack_us", 0.0))
