@@ -25,8 +25,8 @@ Two costs of the runtime fall outside those timers, and are estimated apart (`un
   recorded call, from the host's issue time of the iteration (`host_issue_us`): a run that
   recomputes, less the same model's run without a policy measured in the same call
   (`same_call`), less the executor's timed time and the hook's, per recorded call; the median
-  over such pairs whose
-  plan neither offloads nor made the allocator retry (their issue time waits for the GPU).
+  over such pairs whose plan neither offloads nor made the allocator retry (their issue time
+  waits for the GPU).
 
 Offloads and prefetches come in equal numbers in almost every run, so they share one cost. The
 engine charges the replay and the recording per aten
