@@ -79,6 +79,7 @@ def squeezes(plan: Plan) -> bool:
 NOISE_REPEATS = 5
 """Repeats of the reference's gradients where the first repeat already differs."""
 
+
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
