@@ -9,6 +9,7 @@ the device (memory_reserved). For every allocator: allocated + free inside segme
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,6 +46,13 @@ class Allocator:
         # ("sync", 0) a device-wide synchronize, ("malloc" | "free", segment bytes), ("map" |
         # "unmap", page bytes) with expandable segments.
         self.driver_calls: list[tuple[str, int]] = []
+        # Called before a failed request frees the cache (PyTorch's release_cached_blocks
+        # first synchronizes and frees the blocks whose stream events were pending): the
+        # engine gives back the blocks it holds for host-time event processing
+        self.before_release: Callable[[], None] | None = None
+        # Whether a block freed while a copy used it comes back only when the host allocates
+        # after its event has passed (Caching's events=host; the engine's Transfers.limbo)
+        self.host_events = False
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         raise NotImplementedError

@@ -22,6 +22,7 @@ from bisect import bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..spec import choice
 from .base import Allocator, AllocatorSpec, register_allocator
 from .blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool
 
@@ -106,7 +107,10 @@ class CachingAllocator(Allocator):
         grow = segment_size(size)
         if self.reserved_bytes + grow > self.capacity_bytes:
             self.capacity_hits += 1
-            # release_cached_blocks: synchronize the device, cudaFree every free segment
+            # release_cached_blocks: synchronize the device (the blocks whose stream events
+            # had not been seen come back: `before_release`), cudaFree every free segment
+            if self.before_release is not None:
+                self.before_release()
             self.driver_calls.append(("sync", 0))
             self.driver_calls += [("free", s.size) for p in self.pools.values()
                                   for s in p.segments if s.is_free()]
@@ -187,7 +191,15 @@ class Caching(AllocatorSpec):
     name = "caching"
     pytorch_runtime = True
     description = ("PyTorch's CUDA caching allocator: 512 B rounding, small/large pools, "
-                   "best-fit with splitting and merging, per-stream pools, segment growth")
+                   "best-fit with splitting and merging, per-stream pools, segment growth; "
+                   "events=host: a block freed while a copy stream used it comes back at the "
+                   "first allocation the host issues after the copy ends (PyTorch's "
+                   "process_events), or at a failed allocation's retry (experimental)")
+    # "gpu": such a block comes back when its copy ends on the GPU's clock; "host": when the
+    # allocator sees its event pass, at a malloc in host time (vsim.engine.transfers' limbo)
+    events: str = choice("gpu", "host")
 
     def build(self, capacity_bytes: int) -> Allocator:
-        return CachingAllocator(capacity_bytes)
+        alloc = CachingAllocator(capacity_bytes)
+        alloc.host_events = self.events == "host"
+        return alloc

@@ -124,6 +124,11 @@ class Engine:
             None if host is None else HostClock(trace, host, tracked, self.index)
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
+        # PyTorch's allocator sees a freed block's stream event pass only at a malloc, in host
+        # time (Transfers.limbo): with a host clock to say when the host allocates
+        events = allocator.host_events and self.clock is not None
+        self.transfers.host_events = events
+        allocator.before_release = self.transfers.process_events if events else None
 
     # ------------------------------------------------------------ setup
 
@@ -156,6 +161,8 @@ class Engine:
                 for gen in gens:
                     gen.close()
                 self.transfers.close()
+        self.transfers.process_events()  # the next iteration's first malloc sees them
+        self.allocator.before_release = None
         self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
@@ -351,6 +358,8 @@ class Engine:
                 if not (yield from self._recompute(rc, op)):
                     return
             wait_start = env._now  # noqa: SLF001
+            if transfers.limbo:
+                transfers.process_events(clock.ready_us(oid))  # type: ignore[union-attr]
             if wait_for_memory or acted:
                 # _allocate_outputs' common case written out (each output served at once, no
                 # wait), the rest from the first output that is not
@@ -497,6 +506,7 @@ class Engine:
             if not pending:
                 break
             yield self.env.any_of(pending)
+            self.transfers.process_events()
         if self.memory.allocate(tensor, size, self.env.now, op, state):
             return True
         return (yield from self._after_failed_alloc(tensor, op, state, fall_back))
@@ -517,6 +527,7 @@ class Engine:
                 self._out_of_memory(tensor, op)
                 return False
             yield self.env.all_of(pending)
+            self.transfers.process_events()
             if self.memory.allocate(tensor, size, self.env.now, op, state):
                 return True
 

@@ -11,7 +11,7 @@ shared read-only).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -78,6 +78,13 @@ class Transfers:
         self._free_waits: dict[int, list[simpy.Event]] = {}  # offload freed: copies before it
         self._requested: set[int] = set()              # free_requested already logged
         self._returning: list[simpy.Event] = []        # detached blocks not yet given back
+        # Blocks whose stream event has passed on the GPU but that PyTorch's allocator has not
+        # seen pass: it queries events (process_events) at the start of each malloc, in host
+        # time, and all of them (synchronize_and_free_events) before it frees its cached
+        # segments on a failed allocation. (event time, block, tensor, op), in event order;
+        # used only with `host_events` on (run_plan's).
+        self.limbo: deque[tuple[float, object, int, int | None]] = deque()
+        self.host_events = False
         self.h2d_used: set[int] = set()                # blocks a prefetch wrote (record_stream)
 
     # ------------------------------------------------------------ what the engine asks
@@ -247,6 +254,10 @@ class Transfers:
             state = FREED
         if waits:  # other copies issued before the free still run: the event has not passed
             self._defer(self.memory.detach(t, self.env.now, op, state, requested), t, op, waits)
+        elif self.host_events:
+            block = self.memory.detach(t, self.env.now, op, state, requested)
+            if block is not None:
+                self.limbo.append((self.env.now, block, t, op))
         else:
             self.memory.release(t, self.env.now, op, state)
         self._released[t].succeed()
@@ -277,8 +288,20 @@ class Transfers:
     def _give_back(self, block: object, t: int, op: int | None, waits: list[simpy.Event],
                    done: simpy.Event) -> Generator[simpy.Event, Any, None]:
         yield self.env.all_of(waits)
-        self.memory.give_back(block, t, self.env.now, op)
+        if self.host_events:
+            self.limbo.append((self.env.now, block, t, op))
+        else:
+            self.memory.give_back(block, t, self.env.now, op)
         done.succeed()
+
+    def process_events(self, host_us: float = float("inf")) -> None:
+        """The allocator queries its blocks' events at `host_us` (a malloc the host issues
+        then; inf: all of them, as before it frees its cached segments): the blocks whose event
+        had passed come back."""
+        limbo, now, give_back = self.limbo, self.env.now, self.memory.give_back
+        while limbo and limbo[0][0] <= host_us:
+            _, block, t, op = limbo.popleft()
+            give_back(block, t, now, op)
 
     # ------------------------------------------------------------ prefetches
 
