@@ -156,7 +156,7 @@ class _PlanningRunner:
     def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
         """A lower bound on the iteration time this runner's profiling run reports for `plan`
         (vsim.engine.floor), with the host model and tracking its runs use."""
-        host = _host_model(trace, hw, self.host_time, plan, self.tracker)
+        host = _host_model(trace, hw, self.host_time, self.tracker)
         tracked = bool(plan.actions) if self.tracked is None else self.tracked
         clock = None if host is None else HostClock(trace, host, tracked, PlanIndex(plan))
         key = (id(trace), hw.name)
@@ -166,11 +166,11 @@ class _PlanningRunner:
         return floor.iteration_floor(trace, hw, plan, clock, self._free_us[key][1])
 
 
-def _host_model(trace: Trace, hw: Hardware, host_time: bool | None, plan: Plan,
+def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
                 tracker: str | None = None) -> HostModel | None:
-    """The host model a run uses (run_plan's `host_time`), or None; without the Python
-    tracker's cost per op where vsim's runtime runs the plan under its native one (run_plan's
-    `tracker`)."""
+    """The host model a run uses (run_plan's `host_time`), or None; with the costs of the op
+    tracker the run's executor uses (run_plan's `tracker`): the Python one's per op, or the
+    native one's hook and call back."""
     if not (host_time or (host_time is None and trace.meta.get("torch"))):
         return None
     host = load_host_model(hw.name)
@@ -228,7 +228,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     if workspace_fallback is None:
         workspace_fallback = allocator.pytorch_runtime
     fallback = _WorkspaceFree(trace, hw, plan) if workspace_fallback else None
-    host = _host_model(trace, hw, host_time, plan, tracker)
+    host = _host_model(trace, hw, host_time, tracker)
     if tracked is None:
         tracked = bool(plan.actions)
     # The cyclic garbage collector finds little to free in a run (SimPy's events and the

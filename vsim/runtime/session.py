@@ -253,10 +253,11 @@ class Session:
             self._sync()
             return ex.run(self.step)
         except torch.OutOfMemoryError:
-            # only before any native iteration has run to the end: a later one that runs out
-            # is the plan's (or the allocator's) doing, not the tracker's
+            # only before any native iteration has run to the end (a native one follows a
+            # calibrating one that did): a later one that runs out is the plan's (or the
+            # allocator's) doing, not the tracker's
             if ex.stats.tracker != "native" or ex.tracker_requested != "auto" or \
-                    ex.iterations == 0 or ex.native_iterations > 0:
+                    ex.native_iterations > 0:
                 raise
         # out of the except block, so that its traceback (the stopped iteration's tensors) is
         # gone before the iteration runs again
