@@ -68,6 +68,8 @@ def test_every_policy_trains_exactly_as_without_it(cnn, spec: str) -> None:
     plan = make_policy(spec).plan(trace, s.hw, capacity)
     result = s.run(spec, capacity, iters=2, warmup=1)
     assert result["fits"] and len(result["iteration_times_us"]) == 2
+    # the collector's host time, per measured iteration (a gc callback; none if it never ran)
+    assert len(result["collector_us"]) == 2 and min(result["collector_us"]) >= 0
     kinds = {type(a) for a in plan.actions}
     if spec != "none":
         assert plan.actions, f"{spec} planned nothing at {capacity} B"

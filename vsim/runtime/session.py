@@ -80,6 +80,23 @@ NOISE_REPEATS = 5
 """Repeats of the reference's gradients where the first repeat already differs."""
 
 
+class CollectorClock:
+    """A gc callback: the host time Python's cyclic collector takes (`us`, summed). The
+    collector runs on whichever thread allocates when a generation fills, the autograd
+    engine's included, and stops every thread while it runs."""
+
+    def __init__(self) -> None:
+        self.us = 0.0
+        self._t0: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.us += (time.perf_counter() - self._t0) * 1e6
+            self._t0 = None
+
+
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
@@ -378,9 +395,13 @@ class Session:
         last = warmup + iters if profile_last and self.gpu else None
         counters: dict[str, int] = {}  # the allocator's, after the warm-up
         churn: dict[str, int] = {}     # their growth over the measured iterations
+        gc_clock = CollectorClock()
+        gc_per_iteration: list[float] = []  # the collector's host time in each measured one
+        gc.callbacks.append(gc_clock)
         try:
             for i in range(warmup + iters + (1 if last is not None else 0)):
                 self._sync()
+                gc_before = gc_clock.us
                 if self.gpu:
                     torch.cuda.reset_peak_memory_stats(self.device)
                 if i == warmup and self.gpu:
@@ -401,6 +422,7 @@ class Session:
                 if i >= warmup:
                     times.append(dt)
                     issued.append((t_issued - t0) * 1e6)
+                    gc_per_iteration.append(gc_clock.us - gc_before)
                     if self.gpu:
                         peaks_a.append(torch.cuda.max_memory_allocated(self.device))
                         peaks_r.append(torch.cuda.max_memory_reserved(self.device))
@@ -411,6 +433,8 @@ class Session:
                    "message": str(exc).strip().splitlines()[0][:1000]}
             oom.update(ex.where() if ex is not None else {})
             del exc
+        finally:
+            gc.callbacks.remove(gc_clock)
         self._clean()
         if ex is not None and ex.inputs_pending:
             self._uncap()
@@ -455,6 +479,9 @@ class Session:
             # the host's time to issue the iteration (the step returned; the GPU may still
             # run): close to the iteration time when the host bounds it
             "host_issue_us": round(statistics.median(issued), 1) if fits and issued else None,
+            # Python's cyclic collector inside each measured iteration (host time): 0.1-3 ms
+            # on the H100 and not what makes host-bound runs vary (validation/README.md)
+            "collector_us": [round(t, 1) for t in gc_per_iteration],
             "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
                                      if fits and peaks_a else None),
             "peak_reserved_bytes": (int(statistics.median_low(peaks_r))
