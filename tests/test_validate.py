@@ -38,7 +38,8 @@ def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys
                               "peak_mape": pytest.approx(1 / 3), "reserved_mape": pytest.approx(
                                   abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0,
                               "plans_changed": 0, "with_repeats": 0,
-                              "median_repeat_spread": None, "time_within_repeats": 0}
+                              "median_repeat_spread": None, "time_within_repeats": 0,
+                              "cases_run_repeatedly": 0, "runs_disagree_on_fit": 0}
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -66,6 +67,8 @@ def test_measured_out_of_memory_must_be_predicted(tmp_path, capsys):
     ({"tolerance": {"speed": "5%"}}, "tolerance.speed: unknown metric"),
     ({"tolerance": {"iteration_time": 0.05}}, "percentage"),
     ({"memory": "12"}, "without a unit"),
+    ({"repeats": "validation/measured/a.json"}, "repeats: expected a list"),
+    ({"repeats": ["validation/measured/a.json"]}, "repeats: only with a measured file"),
 ])
 def test_bad_cases_name_file_and_key(tmp_path, fields, fragment):
     path = write_case(tmp_path, **fields)
@@ -108,3 +111,49 @@ def test_repeat_spread_is_the_runs_own_variation():
     assert repeat_spread({"fits": True, "iteration_times_us": [1.0, 2.0]}) is None
     assert repeat_spread({"fits": False, "iteration_times_us": [1.0, 2.0, 3.0]}) is None
     assert repeat_spread({"fits": True}) is None
+
+
+def _runs(tmp_path, *runs):
+    """Measured files m0.json, m1.json, ... of the tiny trace's plan; the case lists the first
+    as `measured` and the rest as `repeats`."""
+    paths = []
+    for i, run in enumerate(runs):
+        doc = {"peak_allocated_bytes": 4000, "iteration_time_us": None, **run}
+        (tmp_path / f"m{i}.json").write_text(json.dumps(doc))
+        paths.append(str(tmp_path / f"m{i}.json"))
+    write_case(tmp_path, measured=paths[0], repeats=paths[1:],
+               tolerance={"peak_allocated": "40%"})
+
+
+def test_repeated_runs_of_a_plan_are_pooled(tmp_path, capsys):
+    """Several runs of one plan: the time is the median of all their iterations, not of either
+    run's median (the lent hosts drift between runs)."""
+    _runs(tmp_path, {"fits": True, "iteration_time_us": 40.0, "iteration_times_us": [38, 40, 42]},
+          {"fits": True, "iteration_time_us": 60.0, "iteration_times_us": [50, 60, 70]})
+    main(["validate", str(tmp_path / "validation" / "cases"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    m = out["cases"][0]["measured"]
+    assert m["iteration_time_us"] == pytest.approx(46.0)  # median of 38 40 42 50 60 70
+    assert m["fits"] is True and m["runs_fit"] == [True, True]
+    assert out["summary"]["cases_run_repeatedly"] == 1
+    assert out["summary"]["runs_disagree_on_fit"] == 0
+
+
+def test_a_plan_fits_only_if_every_run_fit(tmp_path, capsys):
+    _runs(tmp_path, {"fits": True, "iteration_time_us": 40.0, "iteration_times_us": [40, 40, 40]},
+          {"fits": False, "oom": {"iteration": 7}})
+    assert main(["validate", str(tmp_path / "validation" / "cases"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    row = out["cases"][0]
+    assert row["measured"]["fits"] is False and row["measured"]["oom"] == {"iteration": 7}
+    assert row["predicted"]["fits"] is True and row["ok"] is False
+    assert out["summary"]["runs_disagree_on_fit"] == 1 and out["summary"]["fits_correct"] == 0
+
+
+def test_a_repeat_of_another_plan_is_refused(tmp_path, capsys):
+    _runs(tmp_path, {"fits": True, "iteration_time_us": 40.0, "plan": {"digest": "a" * 16}},
+          {"fits": True, "iteration_time_us": 40.0, "plan": {"digest": "b" * 16}})
+    assert main(["validate", str(tmp_path / "validation" / "cases"), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "tiny-none.yaml" in err and "m1.json: ran another plan" in err
+    assert "repeats[0]" in err and len(err.strip().splitlines()) == 1

@@ -10,8 +10,15 @@ capacity, where the measured result is, and the tolerances:
     allocator: exact          # optional, default exact
     memory: 12GiB             # optional, default the profile's capacity
     measured: trace           # the trace's own `measured` block, or a JSON file from `vsim measure`
+    repeats: [validation/measured/earlier/ID-DATE.json]  # optional: more runs of the same plan
     tolerance: {iteration_time: 10%, peak_allocated: 3%}
     family: plain-cnn         # optional, default from the model's name (FAMILIES)
+
+`repeats` are earlier runs of the same plan under the same op tracker (checked): the case's
+time is the median of every run's measured iterations pooled, and it fits only if every run fit
+(a plan that ran out of memory in one real run of two does not reliably fit). The lent
+machines' host speed drifts between and within runs (validation/README.md): one run of a
+host-bound plan can be 0.7-1.5x another, so several runs estimate its time better than one.
 
 A file may hold one case or a list under `cases:`. Paths are relative to the repository root
 (the folder holding validation/), so cases run from anywhere.
@@ -55,6 +62,7 @@ class Case:
     tolerance: dict[str, float]
     source: str              # the case file, for messages
     family: str = "other"    # the model's family, for the per-family summary
+    repeats: tuple[str, ...] = ()  # more measured runs of the same plan (paths)
 
 
 def repo_root(start: Path) -> Path:
@@ -102,7 +110,7 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
         if not entry.get(key):
             raise ConfigError(f"missing required field {key!r}", where)
     known = {"id", "trace", "hardware", "policy", "allocator", "memory", "measured", "tolerance",
-             "note", "family"}
+             "note", "family", "repeats"}
     unknown = set(entry) - known
     if unknown:
         raise ConfigError(f"unknown field(s) {', '.join(sorted(unknown))}; valid: "
@@ -120,6 +128,11 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
     measured = str(entry["measured"])
     if measured != "trace":
         measured = str(root / measured)
+    repeats = entry.get("repeats") or []
+    if not isinstance(repeats, list) or not all(isinstance(r, str) and r for r in repeats):
+        raise ConfigError(f"repeats: expected a list of measured files, got {repeats!r}", where)
+    if repeats and measured == "trace":
+        raise ConfigError("repeats: only with a measured file, not `measured: trace`", where)
     memory = entry.get("memory")
     family = entry.get("family")
     if family is not None and (not isinstance(family, str) or not family.strip()):
@@ -129,7 +142,8 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
                 allocator=str(entry.get("allocator", "exact")),
                 memory_bytes=None if memory is None else parse_size(memory, f"{where}: memory"),
                 measured=measured, tolerance=tolerance, source=str(f),
-                family=family or family_of(Path(str(entry["trace"])).name, str(entry["id"])))
+                family=family or family_of(Path(str(entry["trace"])).name, str(entry["id"])),
+                repeats=tuple(str(root / r) for r in repeats))
 
 
 def family_of(*names: str) -> str:
@@ -151,7 +165,54 @@ def measured_result(case: Case, trace_measured: Any) -> dict[str, Any]:
         return {"iteration_time_us": trace_measured.iteration_time_us,
                 "peak_allocated_bytes": trace_measured.peak_allocated_bytes,
                 "peak_reserved_bytes": trace_measured.peak_reserved_bytes, "fits": True}
-    where = case.measured
+    doc = _measured_file(case.measured)
+    if not case.repeats:
+        return doc
+    runs = [doc]
+    for i, path in enumerate(case.repeats):
+        run = _measured_file(path)
+        for what, get in (("plan", _plan_digest), ("op tracker", measured_tracker)):
+            if get(run) != get(doc):
+                raise ConfigError(f"ran another {what} ({get(run)}) than the measured run "
+                                  f"({get(doc)}); the case's repeats[{i}] must be a run of the "
+                                  "same plan", path)
+        runs.append(run)
+    return pool_runs(runs)
+
+
+def _plan_digest(measured: dict[str, Any]) -> str | None:
+    plan = measured.get("plan")
+    return plan.get("digest") if isinstance(plan, dict) else None
+
+
+def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several measured runs of one plan as one: it fits only if every run fit; its time is the
+    median of the fitting runs' iterations pooled (of their medians where a run lists none),
+    its peaks the median of their peaks. `runs_fit` lists each run's outcome (the first is the
+    measured file's)."""
+    out = dict(runs[0])
+    fit = [r for r in runs if r["fits"]]
+    out["fits"] = len(fit) == len(runs)
+    out["runs_fit"] = [bool(r["fits"]) for r in runs]
+    if not out["fits"] and not out.get("oom"):
+        out["oom"] = next((r.get("oom") for r in runs if not r["fits"]), None)
+    times = [float(t) for r in fit for t in (r.get("iteration_times_us") or
+                                             [r.get("iteration_time_us")]) if t is not None]
+    out["iteration_times_us"] = times
+    out["iteration_time_us"] = _median(times) if times else None
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        vals = [float(r[key]) for r in fit if r.get(key) is not None]
+        out[key] = _median(vals) if vals else None
+    return out
+
+
+def _median(vals: list[float]) -> float:
+    v = sorted(vals)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def _measured_file(where: str) -> dict[str, Any]:
     doc = parse_json(read_bytes(where, ConfigError, "measured file"), where, ConfigError,
                      finite=True)
     if not isinstance(doc, dict):
@@ -227,7 +288,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
     try:
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                           case.memory_bytes, first_iteration, workspace_fallback,
-                          runtime_cost=runtime_cost, tracker=measured_tracker(measured))
+                          runtime_cost=runtime_cost, tracker=measured_tracker(measured),
+                          plan_tracker="native")  # as vsim's runtime plans (Session._plan)
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
@@ -313,7 +375,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "plans_changed": sum(bool(r.get("plan_changed")) for r in rows),
             "with_repeats": len(spreads),
             "median_repeat_spread": (sorted(spreads)[len(spreads) // 2] if spreads else None),
-            "time_within_repeats": sum(bool(r.get("time_within_repeats")) for r in rows)}
+            "time_within_repeats": sum(bool(r.get("time_within_repeats")) for r in rows),
+            # cases measured in several runs of the same plan, and those whose runs disagreed
+            # on fitting (ran out of memory in some, not all: counted as not fitting)
+            "cases_run_repeatedly": sum(len(r["measured"].get("runs_fit") or ()) > 1
+                                        for r in rows),
+            "runs_disagree_on_fit": sum(len(set(r["measured"].get("runs_fit") or ())) > 1
+                                        for r in rows)}
 
 
 def paper_files(paths: list[str]) -> list[Path]:

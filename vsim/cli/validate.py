@@ -154,6 +154,10 @@ def format_validation(result: dict[str, Any]) -> str:
                      f"{pct(s['median_repeat_spread']).lstrip('+')} (max - min over median, "
                      f"{s['with_repeats']} runs); {s['time_within_repeats']} predicted times lie "
                      "within their run's range")
+    if s.get("cases_run_repeatedly"):
+        lines.append(f"{s['cases_run_repeatedly']} cases measured in several runs of the same plan "
+                     "(iterations pooled; fits only if every run fit): "
+                     f"{s['runs_disagree_on_fit']} of them ran out of memory in some runs only")
     if s.get("plans_changed"):
         lines.append(f"* {s['plans_changed']} case(s): the policy now plans differently from the "
                      "plan measured (its digest); remeasure them to compare like with like")

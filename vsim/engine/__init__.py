@@ -99,17 +99,21 @@ class SimResult:
 def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
-             runtime_cost: bool | None = None, tracker: str | None = None) -> SimResult:
+             runtime_cost: bool | None = None, tracker: str | None = None,
+             plan_tracker: str | None = None) -> SimResult:
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
     at hand for its profiling runs. `runtime_cost` False: the plan is carried out by an ideal
     runtime that pays none of vsim's runtime's own host costs (run_plan's `tracked` False);
-    default: vsim's runtime, as measured. `tracker`: see run_plan."""
+    default: vsim's runtime, as measured. `tracker`: see run_plan. `plan_tracker`: the tracker
+    the profiling runs assume where it is not the run's (vsim's runtime plans for its native
+    tracker, also when the run then falls back to the Python one); None: the run's."""
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
     started = time.process_time()
     plan = policy.plan_with(trace, hw, capacity, planning_runner(
         allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-        host_time=host_time, tracked=tracked, tracker=tracker))
+        host_time=host_time, tracked=tracked,
+        tracker=tracker if plan_tracker is None else plan_tracker))
     planned = time.process_time() - started
     result = run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
                       workspace_fallback=workspace_fallback, host_time=host_time,
