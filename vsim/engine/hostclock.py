@@ -17,7 +17,8 @@ a plan, whose Python costs the host more (validation/host/README.md): its dispat
 offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
 for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
 is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
-Python at `record_callback_us`) per aten call, the executor's saved-tensor hook costs `pack_us`
+Python at `record_callback_us`) per aten call, as is every in-place op up to the last
+recomputation (its update noted), the executor's saved-tensor hook costs `pack_us`
 per forward op, and a recomputed op is replayed at
 `recompute_call_us` per aten call instead of PyTorch's forward cost; an op's calls are
 `HostModel.calls(op)` (by op name, from the runtime's op maps).
@@ -32,10 +33,20 @@ from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
 
 
-def executor_us(model: HostModel, index: PlanIndex | None, op: Op) -> tuple[float, float]:
+def track_until(index: PlanIndex) -> int:
+    """The last op before which a recomputation runs (-1: none): until it the runtime notes
+    every in-place update (vsim.runtime.executor's `track_until`)."""
+    return max(index.recompute_before, default=-1) if index.recomputed_ops else -1
+
+
+def executor_us(model: HostModel, index: PlanIndex | None, op: Op, until: int = -1
+                ) -> tuple[float, float]:
     """The executor's host time for the actions hung on `op`: (before it, after it). Recording
     a forward op that a Recompute re-runs is after it (the runtime records its calls as they
-    return)."""
+    return), and so is noting an in-place op (`aten::relu_`, `aten::add_`: one in-place call
+    each in the runtime's op maps) up to `until` (track_until), which the runtime calls back
+    and records as it does a recorded call: a recomputation must know that the storage it
+    reads or rebuilds was updated since (vsim.runtime.recompute's `note_mutation`)."""
     if index is None:
         return 0.0, 0.0
     oid = op.id
@@ -45,6 +56,8 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op) -> tuple[floa
         len(index.release_after.get(oid, ())) + len(index.drop_after.get(oid, ())))
     if oid in index.recomputed_ops:
         after += (model.record_call_us + model.record_callback_us) * model.calls(op)
+    elif oid <= until and op.name.startswith("aten::") and op.name.endswith("_"):
+        after += model.record_call_us + model.record_callback_us
     if op.phase == "fwd":
         before += model.pack_us  # the saved-tensor hook on what the op saves for backward
     return before, after
@@ -61,11 +74,12 @@ class HostClock:
         clock = 0.0
         per_op = model.tracker_us_per_op if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
+        until = track_until(index) if tracked and index is not None else -1
         for op in trace.ops:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            before, after = executor_us(model, index if tracked else None, op)
+            before, after = executor_us(model, index if tracked else None, op, until)
             runtime += per_op + before
             self.issue[op.id] = clock + runtime
             runtime += after
