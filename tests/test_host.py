@@ -131,12 +131,15 @@ def test_recording_and_replay_are_charged_per_aten_call_of_the_recomputed_ops(
     assert HostClock(trace, m, False, index).ready_us(3) == 3.0  # an ideal runtime: none
 
 
-def test_in_place_ops_are_noted_until_the_last_recomputation(tmp_path: Path) -> None:
-    """The runtime calls back and records every in-place call (aten::relu_, aten::add_: one
-    call each in its op maps) up to the op before which the last Recompute runs, to know what
-    a recomputation reads was updated since: record_call_us + record_callback_us after each
-    such op that no Recompute re-runs itself; none after that op, none without a Recompute."""
-    from vsim.engine.hostclock import HostClock
+def test_in_place_updates_of_what_a_chain_touched_are_noted(tmp_path: Path) -> None:
+    """The runtime notes (calls back and records) an in-place update (`aten::*_`: its first
+    read, or its `mutates`) of a tensor a recomputed chain or an earlier noted update touched,
+    up to the op before which the last Recompute runs: record_call_us + record_callback_us
+    after it. Not an update of an untouched tensor, not one after that op, none without a
+    Recompute."""
+    import dataclasses
+
+    from vsim.engine.hostclock import HostClock, noted_ops
     from vsim.plan import Drop, Plan, PlanIndex, Recompute
 
     f = tmp_path / "m.yaml"
@@ -144,17 +147,26 @@ def test_in_place_ops_are_noted_until_the_last_recomputation(tmp_path: Path) -> 
                  "executor: {record_call_us: 5.0, record_callback_us: 20.0,\n"
                  "           calls_per_op: {default: 1}}\n")
     m = read_host_model(f)
-    trace = Trace(meta={"source": "measured"}, tensors=(),
-                  ops=(_op(0, "aten::conv2d", "fwd"), _op(1, "aten::relu_", "fwd"),
-                       _op(2, "aten::add_", "fwd"), _op(3, "ReluBackward0", "bwd"),
-                       _op(4, "aten::add_", "bwd"), _op(5, "aten::relu_", "bwd")))
+
+    def op(i: int, name: str, phase: str, reads: tuple[int, ...] = (),
+           writes: tuple[int, ...] = (), **attrs: object) -> Op:
+        return dataclasses.replace(_op(i, name, phase), reads=reads, writes=writes,
+                                   attrs=tuple(attrs.items()))
+
+    trace = Trace(meta={"source": "measured"}, tensors=(), ops=(
+        op(0, "aten::conv2d", "fwd", writes=(1,)),
+        op(1, "aten::relu_", "fwd", reads=(1,)),          # updates 1: noted
+        op(2, "aten::add_", "fwd", reads=(5, 1)),         # updates 5, untouched: not noted
+        op(3, "aten::add_", "fwd", reads=(5, 1), mutates=(1,)),  # updates 1: noted
+        op(4, "ReluBackward0", "bwd", reads=(1,)),
+        op(5, "aten::relu_", "fwd", reads=(1,))))         # after op 4: not noted
     plan = Plan(actions=(Drop(tensor=1, after_op=0),
                          Recompute(ops=(0,), before_op=4, tensors=(1,))))
+    assert noted_ops(trace, PlanIndex(plan)) == {1, 3}
     clock = HostClock(trace, m, True, PlanIndex(plan))
-    # recorded after op 0 (25), noted after ops 1, 2 and 4 (25 each), not after 5 (> op 4)
-    assert [clock.ready_us(i) for i in range(6)] == [0.0, 26.0, 52.0, 78.0, 79.0, 105.0]
-    no_recompute = HostClock(trace, m, True, PlanIndex(Plan(actions=(plan.actions[0],))))
-    assert [no_recompute.ready_us(i) for i in range(6)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    # recorded after op 0 (25 us), noted after ops 1 and 3 (25 each)
+    assert [clock.ready_us(i) for i in range(6)] == [0.0, 26.0, 52.0, 53.0, 79.0, 80.0]
+    assert noted_ops(trace, PlanIndex(Plan(actions=(plan.actions[0],)))) == frozenset()
 
 
 def test_runtime_cost_can_be_switched_off() -> None:

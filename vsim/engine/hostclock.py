@@ -17,10 +17,10 @@ a plan, whose Python costs the host more (validation/host/README.md): its dispat
 offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
 for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
 is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
-Python at `record_callback_us`) per aten call, as is every in-place op up to the last
-recomputation (its update noted), the executor's saved-tensor hook costs `pack_us`
-per forward op, and a recomputed op is replayed at
-`recompute_call_us` per aten call instead of PyTorch's forward cost; an op's calls are
+Python at `record_callback_us`) per aten call, as is an in-place update of what a recorded
+call touched up to the last recomputation (noted_ops), the executor's saved-tensor hook
+costs `pack_us` per forward op, and a recomputed op is replayed at `recompute_call_us` per aten
+call instead of PyTorch's forward cost; an op's calls are
 `HostModel.calls(op)` (by op name, from the runtime's op maps).
 These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
 (C++) runtime would not pay them: `tracked=False` predicts that.
@@ -35,18 +35,41 @@ from ..trace.schema import Op, Trace
 
 def track_until(index: PlanIndex) -> int:
     """The last op before which a recomputation runs (-1: none): until it the runtime notes
-    every in-place update (vsim.runtime.executor's `track_until`)."""
+    in-place updates (vsim.runtime.executor's `track_until`)."""
     return max(index.recompute_before, default=-1) if index.recomputed_ops else -1
 
 
-def executor_us(model: HostModel, index: PlanIndex | None, op: Op, until: int = -1
-                ) -> tuple[float, float]:
+def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
+    """The in-place ops (`aten::*_`; one in-place call each in the runtime's op maps) the
+    runtime notes, and so records and calls back: up to `track_until`, outside the recomputed
+    chains, updating a tensor that a chain op or an earlier noted op read or wrote
+    (vsim.runtime.recompute's `note_mutation`, whose storages are the trace's tensors). The
+    tensor updated is the op's `mutates` attribute where recorded, else its first read (aten's
+    in-place functions update their first argument)."""
+    until = track_until(index)
+    touched: set[int] = set()
+    noted: set[int] = set()
+    for op in trace.ops:
+        if op.id > until:
+            break
+        if op.id in index.recomputed_ops:
+            touched.update(op.reads)
+            touched.update(op.writes)
+        elif op.name.startswith("aten::") and op.name.endswith("_") and op.reads:
+            updated = dict(op.attrs).get("mutates") or op.reads[:1]
+            if any(t in touched for t in updated):
+                noted.add(op.id)
+                touched.update(op.reads)
+                touched.update(op.writes)
+    return frozenset(noted)
+
+
+def executor_us(model: HostModel, index: PlanIndex | None, op: Op,
+                noted: frozenset[int] = frozenset()) -> tuple[float, float]:
     """The executor's host time for the actions hung on `op`: (before it, after it). Recording
     a forward op that a Recompute re-runs is after it (the runtime records its calls as they
-    return), and so is noting an in-place op (`aten::relu_`, `aten::add_`: one in-place call
-    each in the runtime's op maps) up to `until` (track_until), which the runtime calls back
-    and records as it does a recorded call: a recomputation must know that the storage it
-    reads or rebuilds was updated since (vsim.runtime.recompute's `note_mutation`)."""
+    return), and so is noting an in-place update (`noted`: noted_ops), which the runtime calls
+    back and records as it does a recorded call."""
     if index is None:
         return 0.0, 0.0
     oid = op.id
@@ -56,7 +79,7 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op, until: int = 
         len(index.release_after.get(oid, ())) + len(index.drop_after.get(oid, ())))
     if oid in index.recomputed_ops:
         after += (model.record_call_us + model.record_callback_us) * model.calls(op)
-    elif oid <= until and op.name.startswith("aten::") and op.name.endswith("_"):
+    elif oid in noted:
         after += model.record_call_us + model.record_callback_us
     if op.phase == "fwd":
         before += model.pack_us  # the saved-tensor hook on what the op saves for backward
@@ -74,12 +97,12 @@ class HostClock:
         clock = 0.0
         per_op = model.tracker_us_per_op if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
-        until = track_until(index) if tracked and index is not None else -1
+        noted = noted_ops(trace, index) if tracked and index is not None else frozenset()
         for op in trace.ops:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            before, after = executor_us(model, index if tracked else None, op, until)
+            before, after = executor_us(model, index if tracked else None, op, noted)
             runtime += per_op + before
             self.issue[op.id] = clock + runtime
             runtime += after

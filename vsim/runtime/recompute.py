@@ -207,27 +207,33 @@ class Recomputation:
             if isinstance(x, torch.Tensor) and x.numel() <= CONSTANT_MAX_ELEMENTS:
                 self.constants[self._key(x.untyped_storage())] = x
 
-    def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> None:
+    def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> bool:
         """Call k has run (outputs `out`; `rng`: the RNG state before it, for random calls a
         chain records): keep its constants, record it where a recomputed chain needs it, else
         note an in-place update it made (either tracker calls this where the plan needs it).
-        Its host time is the runtime's own too (`record_us`, part of `host_us`)."""
+        Its host time is the runtime's own too (`record_us`, part of `host_us`). Whether it
+        kept, recorded or noted anything: the native tracker calls back only at the calls that
+        did in its calibrating iteration (the iteration's calls and their data flow repeat)."""
         t0 = time.perf_counter()
-        self._on_call(func, args, kwargs, out, rng, k)
+        acted = self._on_call(func, args, kwargs, out, rng, k)
         dt = (time.perf_counter() - t0) * 1e6
         self.stats.record_us += dt
         self.stats.host_us += dt
         self.stats.recorded_calls += 1
+        return acted
 
-    def _on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> None:
-        if k in self.constant_calls:
+    def _on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any, k: int) -> bool:
+        acted = k in self.constant_calls
+        if acted:
             self.keep_constant(out)
         op = self.map.call_op[k]
         rec = self.recording.get(op)
         if rec is not None:
             self.record(rec, func, args, kwargs, out, rng, k)
-        elif op <= self.track_until:
-            self.note_mutation(func, args, kwargs, out, rng, k)
+            return True
+        if op <= self.track_until:
+            acted = self.note_mutation(func, args, kwargs, out, rng, k) or acted
+        return acted
 
     def record(self, rec: list[RecordedCall], func: Any, args: Any, kwargs: Any, out: Any,
                rng: Any, k: int) -> None:
@@ -237,7 +243,7 @@ class Recomputation:
         self._note_writes(call)
 
     def note_mutation(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
-                      k: int) -> None:
+                      k: int) -> bool:
         """A call outside every recomputed chain that writes in place into a storage a recorded
         call read or wrote (ResNet's `out += identity` into a batch norm's output, an in-place
         activation after its producer): a recomputation that rebuilds the storage re-runs it,
@@ -248,8 +254,9 @@ class Recomputation:
             if isinstance(x, torch.Tensor) and x.untyped_storage() in self.keys:
                 break
         else:
-            return
+            return False
         self._note_writes(self.spec_call(func, args, kwargs, out, rng, k))
+        return True
 
     def _note_writes(self, call: RecordedCall) -> None:
         for key in sorted({*call.fresh, *call.inplace}):
