@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..trace import load_trace
 from .opmap import OpMap
 from .results import measure_command, summary_line, write_json
@@ -91,6 +92,12 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
             if trace is None:
                 from ..record.recorder import record_model
                 trace = record_model(model, batch, device=device, progress=say)
+            recorded_on = trace.meta.get("hardware")
+            if recorded_on and recorded_on != hardware:
+                # the plan is made for the profile given: an H200 trace measured with the
+                # H100's profile runs the H100's plan (seen: resnet50 hybrid at 5 GiB)
+                raise ConfigError(f"{trace_path}: recorded on {recorded_on}, measured with "
+                                  f"--hw {hardware}: pass --hw {recorded_on}")
             key = (model, batch, trace_path)
             opmap = (OpMap.from_json(json.loads(maps[key].read_text())) if key in maps
                      else None)
