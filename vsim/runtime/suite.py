@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..trace import load_trace
 from .opmap import OpMap
 from .results import measure_command, summary_line, write_json
@@ -22,31 +23,52 @@ from .session import Progress, Session, quiet
 
 # ---------------------------------------------------------------- the suite
 
+MAP_PROCESSES = 6
+"""Op maps made at once: each process holds its model on the GPU, and 16 at once ran an H100
+out of memory (2026-11-26), after which every session mapped in its own process."""
+
+
 def map_in_subprocesses(groups: list[tuple[str, int, str]], out_dir: Path, device: str,
                         hardware: str, warmup: int, say: Progress) -> dict[tuple[str, int, str],
                                                                           Path]:
-    """Make each group's op map in a process of its own, all at once: the map needs the
-    profiler with CUDA activity, and a process that has used it may launch kernels more slowly
-    afterwards (Kineto leaves CUPTI initialised unless TEARDOWN_CUPTI=1; pytorch#144455), which
-    would slow every host-bound case measured after it."""
+    """Make each group's op map in a process of its own, MAP_PROCESSES at a time, and a map
+    that failed once more alone: the map needs the profiler with CUDA activity, and a process
+    that has used it may launch kernels more slowly afterwards (Kineto leaves CUPTI initialised
+    unless TEARDOWN_CUPTI=1; pytorch#144455), which would slow every host-bound case measured
+    after it. A group whose map still failed is mapped in the measuring process (its results
+    say so)."""
     import subprocess
 
-    procs = []
-    for model, batch, trace_path in groups:
+    def start(key: tuple[str, int, str]) -> tuple[tuple[str, int, str], Path, Any]:
+        model, batch, trace_path = key
         path = out_dir / f"map-{model}-b{batch}.json"
         cmd = [sys.executable, "-m", "vsim.runtime.measure", "--map", model, str(batch),
                trace_path, str(path), "--device", device, "--hw", hardware,
                "--warmup", str(warmup)]
-        procs.append(((model, batch, trace_path), path,
-                      subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       text=True)))
-    got = {}
-    for key, path, proc in procs:
+        return key, path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE, text=True)
+
+    got: dict[tuple[str, int, str], Path] = {}
+    failed: dict[tuple[str, int, str], str] = {}
+    todo = list(groups)
+    running: list[tuple[tuple[str, int, str], Path, Any]] = []
+    while todo or running:
+        while todo and len(running) < MAP_PROCESSES:
+            running.append(start(todo.pop(0)))
+        key, path, proc = running.pop(0)
         _, err = proc.communicate()
         if proc.returncode == 0 and path.exists():
             got[key] = path
         else:
-            say(f"{key[0]} (batch {key[1]}): mapping failed: {err.strip()[-400:]}")
+            failed[key] = err
+    for key in failed:  # once more, alone
+        key, path, proc = start(key)
+        _, err = proc.communicate()
+        if proc.returncode == 0 and path.exists():
+            got[key] = path
+        else:
+            say(f"{key[0]} (batch {key[1]}): mapping failed, mapped in the measuring process "
+                f"instead: {err.strip()[-400:]}")
     return got
 
 
@@ -91,6 +113,12 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
             if trace is None:
                 from ..record.recorder import record_model
                 trace = record_model(model, batch, device=device, progress=say)
+            recorded_on = trace.meta.get("hardware")
+            if recorded_on and recorded_on != hardware:
+                # the plan is made for the profile given: an H200 trace measured with the
+                # H100's profile runs the H100's plan (seen: resnet50 hybrid at 5 GiB)
+                raise ConfigError(f"{trace_path}: recorded on {recorded_on}, measured with "
+                                  f"--hw {hardware}: pass --hw {recorded_on}")
             key = (model, batch, trace_path)
             opmap = (OpMap.from_json(json.loads(maps[key].read_text())) if key in maps
                      else None)
@@ -137,6 +165,10 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
                 if key in maps:
                     result["notes"].append("op map made in a separate process (no profiler "
                                            "in the measuring one)")
+                elif separate_maps:
+                    result["notes"].append("op map made in the measuring process: its "
+                                           "subprocess failed (the profiler ran here, which "
+                                           "can slow later launches)")
                 write_json(result, out / f"{c['id']}.json")
             except Exception as exc:  # noqa: BLE001
                 failed.append(c["id"])

@@ -1,0 +1,81 @@
+"""The caching allocator's retries (PyTorch's num_alloc_retries: a cudaMalloc refused at the
+capacity, the cache freed after a device-wide sync, the request tried again), predicted per
+iteration against measured, for every validation case whose measured run counted them
+(`allocator_churn`, over its timed iterations). Predicted: the allocator model's capacity
+hits in the reported (last simulated) iteration, the plan planned as `vsim validate` plans
+it. Prints one row per case with retries on either side, and the totals. Writes nothing.
+
+    python tools/retries_check.py [--allocator SPEC] [validation/cases/*.yaml]
+
+`--allocator caching:events=host`: the experimental host-time event processing instead of the
+cases' own allocator (planned and run with it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from pathlib import Path
+
+from vsim.allocator import make_allocator
+from vsim.engine import simulate
+from vsim.engine import simulator as sim
+from vsim.hardware import load_hardware
+from vsim.policies import make_policy
+from vsim.retarget import for_hardware
+from vsim.trace import load_trace
+from vsim.validate import load_cases, measured_tracker
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    spec = None
+    if args[:1] == ["--allocator"]:
+        spec, args = args[1], args[2:]
+    paths = args or sorted(glob.glob("validation/cases/*.yaml"))
+    hits: list[int] = []
+    original_run = sim.Engine.run
+
+    def run(self: sim.Engine) -> object:  # the capacity hits of each simulated iteration
+        before = self.allocator.capacity_hits
+        out = original_run(self)
+        hits.append(self.allocator.capacity_hits - before)
+        return out
+
+    sim.Engine.run = run  # type: ignore[method-assign]
+    rows = []
+    for case in load_cases(paths):
+        if case.allocator != "caching" or case.measured == "trace":
+            continue
+        m = json.loads(Path(case.measured).read_text())
+        churn = m.get("allocator_churn") or {}
+        timed = (m.get("iterations") or {}).get("measured") or 0
+        if not m.get("fits") or "num_alloc_retries" not in churn or not timed:
+            continue
+        trace = load_trace(case.trace)
+        hw = load_hardware(case.hardware)
+        trace, _ = for_hardware(trace, hw)
+        alloc = make_allocator(spec or case.allocator)
+        result = simulate(trace, hw, make_policy(case.policy), alloc, case.memory_bytes,
+                          tracker=measured_tracker(m), plan_tracker="native")
+        if not result.report["fits"]:
+            hits.clear()
+            continue
+        predicted = hits[-1] if hits else 0
+        hits.clear()
+        measured = churn["num_alloc_retries"] / timed
+        if predicted or measured:
+            rows.append((case.id, predicted, measured))
+    print("| case | predicted retries per iteration | measured |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} |")
+    both = sum(1 for r in rows if r[1] and r[2])
+    print(f"{len(rows)} cases with retries on either side: both {both}, only predicted "
+          f"{sum(1 for r in rows if r[1] and not r[2])}, only measured "
+          f"{sum(1 for r in rows if r[2] and not r[1])}")
+
+
+if __name__ == "__main__":
+    main()
