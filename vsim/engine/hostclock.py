@@ -33,20 +33,15 @@ from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
 
 
-def track_until(index: PlanIndex) -> int:
-    """The last op before which a recomputation runs (-1: none): until it the runtime notes
-    every in-place update (vsim.runtime.executor's `track_until`)."""
-    return max(index.recompute_before, default=-1) if index.recomputed_ops else -1
-
-
 def executor_us(model: HostModel, index: PlanIndex | None, op: Op, until: int = -1
                 ) -> tuple[float, float]:
     """The executor's host time for the actions hung on `op`: (before it, after it). Recording
     a forward op that a Recompute re-runs is after it (the runtime records its calls as they
     return), and so is noting an in-place op (`aten::relu_`, `aten::add_`: one in-place call
-    each in the runtime's op maps) up to `until` (track_until), which the runtime calls back
-    and records as it does a recorded call: a recomputation must know that the storage it
-    reads or rebuilds was updated since (vsim.runtime.recompute's `note_mutation`)."""
+    each in the runtime's op maps) up to `until` (PlanIndex.track_until), which the runtime
+    calls back and records as it does a recorded call: a recomputation must know that the
+    storage it reads or rebuilds was updated since (vsim.runtime.recompute's
+    `note_mutation`)."""
     if index is None:
         return 0.0, 0.0
     oid = op.id
@@ -74,7 +69,7 @@ class HostClock:
         clock = 0.0
         per_op = model.tracker_us_per_op if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
-        until = track_until(index) if tracked and index is not None else -1
+        until = index.track_until() if tracked and index is not None else -1
         for op in trace.ops:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
