@@ -6,13 +6,26 @@ from pathlib import Path
 import pytest
 
 from vsim.errors import HardwareError
-from vsim.host import load_host_model, read_host_model
+from vsim.host import HostModel, load_host_model, read_host_model
 from vsim.trace.schema import Op, Tensor, Trace
 
 
 def _op(i: int, name: str, phase: str) -> Op:
     return Op(id=i, name=name, layer=f"l{i}", layer_type="conv", phase=phase, start_us=float(i),
               dur_us=1.0, stream=0, reads=(), writes=(), frees=())
+
+
+def _flat_model(tmp_path: Path, executor: str) -> HostModel:
+    """A host model of 10 us per forward and backward op, with the `executor` costs given (a
+    YAML mapping)."""
+    f = tmp_path / "m.yaml"
+    f.write_text(f"by_phase: {{fwd: 10.0, bwd: 10.0}}\nexecutor: {executor}\n")
+    return read_host_model(f)
+
+
+def _recorded(ops: tuple[Op, ...]) -> Trace:
+    """A recorded trace of `ops`: their issue times are bounded by their recorded starts."""
+    return Trace(meta={"source": "measured"}, tensors=(), ops=ops)
 
 
 def test_costs_by_name_then_phase_plus_weights(tmp_path: Path) -> None:
@@ -62,12 +75,9 @@ def test_the_executors_tracker_adds_its_cost_per_op_on_top_of_the_bounded_issue(
     recording (ops recorded at 0, 1, 2, 3 us, each costing 10 us of host: issued at 0..3)."""
     from vsim.engine.hostclock import HostClock
 
-    f = tmp_path / "m.yaml"
-    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\nexecutor: {tracker_us_per_op: 5.0}\n")
-    m = read_host_model(f)
+    m = _flat_model(tmp_path, "{tracker_us_per_op: 5.0}")
     assert m.tracker_us_per_op == 5.0
-    trace = Trace(meta={"source": "measured"}, tensors=(),
-                  ops=tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
+    trace = _recorded(tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
     assert [HostClock(trace, m).ready_us(i) for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
     assert [HostClock(trace, m, tracked=True).ready_us(i) for i in range(4)] == \
         [5.0, 11.0, 17.0, 23.0]
@@ -82,13 +92,9 @@ def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) 
     from vsim.engine.hostclock import HostClock
     from vsim.plan import Drop, Offload, Plan, PlanIndex, Prefetch, Release
 
-    f = tmp_path / "m.yaml"
-    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\n"
-                 "executor: {copy_us: 100.0, free_us: 7.0, recompute_call_us: 3.0}\n")
-    m = read_host_model(f)
+    m = _flat_model(tmp_path, "{copy_us: 100.0, free_us: 7.0, recompute_call_us: 3.0}")
     assert (m.copy_us, m.free_us, m.recompute_call_us) == (100.0, 7.0, 3.0)
-    trace = Trace(meta={"source": "measured"}, tensors=(),
-                  ops=tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
+    trace = _recorded(tuple(_op(i, "aten::relu", "fwd") for i in range(4)))
     index = PlanIndex(Plan(actions=(Offload(tensor=1, at_op=1, after=True),
                                     Release(tensor=2, after_op=1), Drop(tensor=3, after_op=1),
                                     Prefetch(tensor=1, at_op=3, needed_by=3))))
@@ -111,13 +117,9 @@ def test_recording_and_replay_are_charged_per_aten_call_of_the_recomputed_ops(
     from vsim.engine.hostclock import HostClock
     from vsim.plan import Drop, Plan, PlanIndex, Recompute
 
-    f = tmp_path / "m.yaml"
-    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\n"
-                 "executor: {recompute_call_us: 3.0, record_call_us: 5.0,\n"
-                 "           calls_per_op: {default: 2, 'aten::linear': 4}}\n")
-    m = read_host_model(f)
-    trace = Trace(meta={"source": "measured"}, tensors=(),
-                  ops=(_op(0, "aten::linear", "fwd"), _op(1, "aten::relu", "fwd"),
+    m = _flat_model(tmp_path, "{recompute_call_us: 3.0, record_call_us: 5.0, "
+                              "calls_per_op: {default: 2, 'aten::linear': 4}}")
+    trace = _recorded((_op(0, "aten::linear", "fwd"), _op(1, "aten::relu", "fwd"),
                        _op(2, "aten::relu", "fwd"), _op(3, "ReluBackward0", "bwd")))
     index = PlanIndex(Plan(actions=(Drop(tensor=1, after_op=1),
                                     Recompute(ops=(0, 1), before_op=3, tensors=(1,)))))
@@ -142,11 +144,8 @@ def test_in_place_updates_of_what_a_chain_touched_are_noted(tmp_path: Path) -> N
     from vsim.engine.hostclock import HostClock, noted_ops
     from vsim.plan import Drop, Plan, PlanIndex, Recompute
 
-    f = tmp_path / "m.yaml"
-    f.write_text("by_phase: {fwd: 10.0, bwd: 10.0}\n"
-                 "executor: {record_call_us: 5.0, record_callback_us: 20.0,\n"
-                 "           calls_per_op: {default: 1}}\n")
-    m = read_host_model(f)
+    m = _flat_model(tmp_path, "{record_call_us: 5.0, record_callback_us: 20.0, "
+                              "calls_per_op: {default: 1}}")
 
     def op(i: int, name: str, phase: str, reads: tuple[int, ...] = (),
            writes: tuple[int, ...] = (), **attrs: object) -> Op:

@@ -120,6 +120,12 @@ class PlanIndex:
         self.acts_after: set[int] = {*self.offload_after, *self.sync_after, *self.drop_after,
                                      *self.release_after}
 
+    def track_until(self) -> int:
+        """The last op before which a recomputation runs (-1: none): until it vsim's runtime
+        notes in-place updates, which a recomputation must know of (its executor's
+        `track_until`; the host clock charges them)."""
+        return max(self.recompute_before, default=-1) if self.recomputed_ops else -1
+
     def tensors_acted_on(self) -> set[int]:
         """Tensors that an offload, prefetch, drop, release or recomputation acts on."""
         acted: set[int] = set()

@@ -27,6 +27,7 @@ A file may hold one case or a list under `cases:`. Paths are relative to the rep
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,17 +200,11 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     times = [float(t) for r in fit for t in (r.get("iteration_times_us") or
                                              [r.get("iteration_time_us")]) if t is not None]
     out["iteration_times_us"] = times
-    out["iteration_time_us"] = _median(times) if times else None
+    out["iteration_time_us"] = statistics.median(times) if times else None
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
         vals = [float(r[key]) for r in fit if r.get(key) is not None]
-        out[key] = _median(vals) if vals else None
+        out[key] = statistics.median(vals) if vals else None
     return out
-
-
-def _median(vals: list[float]) -> float:
-    v = sorted(vals)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def _measured_file(where: str) -> dict[str, Any]:

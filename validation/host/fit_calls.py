@@ -12,19 +12,10 @@ Reads the repository; writes nothing.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import statistics
-from pathlib import Path
 
 import numpy as np
-
-from vsim.host import load_host_model
-from vsim.trace import load_trace
-from vsim.validate import load_cases
-
-ROOT = Path(__file__).resolve().parents[2]
-HELD_OUT = "efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2"
+from fit_scale import HELD_OUT, plain_runs  # beside this script
 
 
 def main() -> None:
@@ -34,15 +25,9 @@ def main() -> None:
     args = ap.parse_args()
     held = set(filter(None, args.hold_out.split(",")))
     rows = []
-    for f in sorted(glob.glob(str(ROOT / "validation/cases/*-none*.yaml"))):
-        case = load_cases([f])[0]
-        if case.memory_bytes is not None or case.hardware != args.hardware:
+    for case, m, trace, host in plain_runs():
+        if case.hardware != args.hardware:
             continue
-        m = json.loads(Path(case.measured).read_text())
-        host = load_host_model(case.hardware)
-        if not m.get("host_issue_us") or host is None:
-            continue
-        trace = load_trace(case.trace)
         ops = trace.ops
         x = [sum(host.calls(o) for o in ops if o.phase == "fwd"),
              sum(o.phase == "bwd" for o in ops), sum(o.phase not in ("fwd", "bwd") for o in ops),

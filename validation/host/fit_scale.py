@@ -17,14 +17,31 @@ import argparse
 import glob
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from vsim.host import load_host_model
-from vsim.trace import load_trace
-from vsim.validate import load_cases
+from vsim.host import HostModel, load_host_model
+from vsim.trace import Trace, load_trace
+from vsim.validate import Case, load_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT = "efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2"
+
+
+def plain_runs() -> Iterator[tuple[Case, dict[str, Any], Trace, HostModel]]:
+    """(case, measured run, trace, host model) of every validation case without a plan or a
+    cap whose run fit and recorded its host issue time, on a profile with a host model."""
+    for f in sorted(glob.glob(str(ROOT / "validation/cases/*-none*.yaml"))):
+        case = load_cases([f])[0]
+        if case.policy.split(":")[0] != "none" or case.memory_bytes is not None:
+            continue
+        m = json.loads(Path(case.measured).read_text())
+        if not m.get("fits") or not m.get("host_issue_us"):
+            continue
+        host = load_host_model(case.hardware)
+        if host is not None:
+            yield case, m, load_trace(case.trace), host
 
 
 def main() -> None:
@@ -33,17 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     held = set(filter(None, args.hold_out.split(",")))
     rows: dict[str, list[tuple[str, bool, float]]] = {}
-    for f in sorted(glob.glob(str(ROOT / "validation/cases/*-none*.yaml"))):
-        case = load_cases([f])[0]
-        if case.policy.split(":")[0] != "none" or case.memory_bytes is not None:
-            continue
-        m = json.loads(Path(case.measured).read_text())
-        if not m.get("fits") or not m.get("host_issue_us"):
-            continue
-        trace = load_trace(case.trace)
-        host = load_host_model(case.hardware)
-        if host is None:
-            continue
+    for case, m, trace, host in plain_runs():
         model = str(trace.meta.get("model"))
         ratio = float(m["host_issue_us"]) / host.iteration_us(trace)
         rows.setdefault(case.hardware, []).append((case.id, model in held, ratio))

@@ -33,20 +33,14 @@ from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
 
 
-def track_until(index: PlanIndex) -> int:
-    """The last op before which a recomputation runs (-1: none): until it the runtime notes
-    in-place updates (vsim.runtime.executor's `track_until`)."""
-    return max(index.recompute_before, default=-1) if index.recomputed_ops else -1
-
-
 def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     """The in-place ops (`aten::*_`; one in-place call each in the runtime's op maps) the
-    runtime notes, and so records and calls back: up to `track_until`, outside the recomputed
-    chains, updating a tensor that a chain op or an earlier noted op read or wrote
+    runtime notes, and so records and calls back: up to `PlanIndex.track_until`, outside the
+    recomputed chains, updating a tensor that a chain op or an earlier noted op read or wrote
     (vsim.runtime.recompute's `note_mutation`, whose storages are the trace's tensors). The
     tensor updated is the op's `mutates` attribute where recorded, else its first read (aten's
     in-place functions update their first argument)."""
-    until = track_until(index)
+    until = index.track_until()
     touched: set[int] = set()
     noted: set[int] = set()
     for op in trace.ops:

@@ -166,7 +166,7 @@ class Executor(Recomputation, NativeRuns):
         self.recorded_ops = {o for rcs in self.recompute_before.values() for rc in rcs
                              for o in rc.ops}
         # in-place updates matter to recomputations until the last one has run
-        self.track_until = max(self.recompute_before, default=-1) if self.recorded_ops else -1
+        self.track_until = index.track_until()
         # calls that make constants a recomputation may read (recompute.CONSTANT_FUNCS)
         self.constant_calls: frozenset[int] = frozenset(
             k for k, f in enumerate(opmap.funcs) if str(f) in CONSTANT_FUNCS) \

@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-import yaml
+from vsim.validate import load_cases
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,20 +29,19 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="one line per case")
     args = ap.parse_args()
     rows, disagree = [], []
-    for f in sorted(glob.glob(str(ROOT / "validation/cases/*.yaml"))):
-        case = yaml.safe_load(Path(f).read_text())
-        if not case.get("repeats"):
+    for case in load_cases(sorted(glob.glob(str(ROOT / "validation/cases/*.yaml")))):
+        if not case.repeats:
             continue
-        runs = [json.loads((ROOT / p).read_text()) for p in [case["measured"], *case["repeats"]]]
+        runs = [json.loads(Path(p).read_text()) for p in [case.measured, *case.repeats]]
         if len({r["fits"] for r in runs}) > 1:
-            disagree.append((case["id"], [r["fits"] for r in runs]))
+            disagree.append((case.id, [r["fits"] for r in runs]))
         last, earlier = runs[0], runs[1:]
         for e in earlier:
             if not (last["fits"] and e["fits"]):
                 continue
             issue = last.get("host_issue_us")
             bound = "host" if issue and issue >= 0.8 * last["iteration_time_us"] else "gpu"
-            rows.append((case["id"], bound, last["iteration_time_us"] / e["iteration_time_us"],
+            rows.append((case.id, bound, last["iteration_time_us"] / e["iteration_time_us"],
                          spread(e["iteration_times_us"]), spread(last["iteration_times_us"])))
     if args.list:
         for r in sorted(rows, key=lambda r: r[2]):
