@@ -157,3 +157,18 @@ def test_a_repeat_of_another_plan_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "tiny-none.yaml" in err and "m1.json: ran another plan" in err
     assert "repeats[0]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_repeat_under_another_tracker_is_refused_unless_one_has_none(tmp_path, capsys):
+    """Runs pooled must share the op tracker; a run stopped out of memory before its executor
+    reported has none and pools with either."""
+    native = {"fits": True, "iteration_time_us": 40.0, "iteration_times_us": [40, 40, 40],
+              "executed": {"tracker": "native", "iterations": 3}}
+    python = dict(native, executed={"tracker": "python", "iterations": 3})
+    _runs(tmp_path, native, python)
+    assert main(["validate", str(tmp_path / "validation" / "cases"), "--json"]) == 2
+    assert "m1.json: ran another op tracker (python)" in capsys.readouterr().err
+    _runs(tmp_path, native, {"fits": False, "oom": {"iteration": 0}, "executed": None})
+    assert main(["validate", str(tmp_path / "validation" / "cases"), "--json"]) == 1
+    row = json.loads(capsys.readouterr().out)["cases"][0]
+    assert row["measured"]["runs_fit"] == [True, False]
