@@ -112,42 +112,70 @@ def same_call(a: dict, b: dict, minutes: float = 20.0) -> bool:
     return abs((when(a) - when(b)).total_seconds()) <= minutes * 60
 
 
+# runs of the runtime before the native tracker called back only where calibration acted
+# (2026-11-26, before the sixth session's merge): many recorded calls per run, which is what
+# separates a recorded call's call back from the tracker's own cost per op
+EARLIER = ROOT / "validation/host/runtime-before-noted"
+
+
 def unseen(hardware: str, held: set[str]) -> dict[str, float]:
-    """pack_us (per forward op) and record_callback_us (per recorded call): see the module."""
+    """pack_us (per forward op) and record_callback_us (per recorded call): see the module;
+    and the joint fit of a per-op cost of the native tracker with the call back."""
     from vsim.trace import load_trace
 
-    fwd_ops: dict[str, int] = {}
-    measured = [json.loads(Path(f).read_text())
-                for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json")))]
+    ops: dict[str, tuple[int, int]] = {}  # trace -> (ops, forward ops)
+
+    def counts(trace: str) -> tuple[int, int]:
+        if trace not in ops:
+            t = load_trace(ROOT / trace).ops
+            ops[trace] = (len(t), sum(o.phase == "fwd" for o in t))
+        return ops[trace]
+
+    files = sorted(glob.glob(str(ROOT / "validation/measured/*.json"))) + \
+        sorted(glob.glob(str(EARLIER / "*.json")))
+    measured = [json.loads(Path(f).read_text()) for f in files]
     measured = [d for d in measured if d.get("hardware") == hardware]
-    pack, callback, check = [], [], []
-    plain = {(d["model"], d["batch_size"]): d for d in measured
-             if d.get("host_issue_us") and not d.get("executed") and d.get("fits")}
+    pack = []
     for d in measured:
         ex = d.get("executed") or {}
-        if not ex.get("packs") or d["model"] in held:
-            continue
-        if d["trace"] not in fwd_ops:
-            fwd_ops[d["trace"]] = sum(o.phase == "fwd" for o in load_trace(ROOT / d["trace"]).ops)
-        pack.append(ex["executor_pack_us"] / fwd_ops[d["trace"]])
+        if ex.get("packs") and d["model"] not in held:
+            pack.append(ex["executor_pack_us"] / counts(d["trace"])[1])
+    plain: dict[tuple[str, int], list[dict]] = {}
+    for d in measured:
+        if d.get("host_issue_us") and not d.get("executed") and d.get("fits"):
+            plain.setdefault((d["model"], d["batch_size"]), []).append(d)
+    pairs, check = [], []
     for d in measured:
         ex = d.get("executed") or {}
-        none = plain.get((d["model"], d["batch_size"]))
         churn = d.get("allocator_churn") or {}
-        if none is None or not d.get("host_issue_us") or not ex.get("recorded_calls") or \
-                ex.get("offloads") or churn.get("num_alloc_retries") or \
-                ex.get("tracker") != "native" or not same_call(d, none):
+        if not d.get("host_issue_us") or ex.get("offloads") or ex.get("tracker") != "native" \
+                or churn.get("num_alloc_retries") or not ex.get("packs"):
             continue
-        left = (d["host_issue_us"] - none["host_issue_us"] - ex["executor_host_us"]
+        nones = [n for n in plain.get((d["model"], d["batch_size"]), []) if same_call(d, n)]
+        if not nones:
+            continue
+        left = (d["host_issue_us"] - nones[0]["host_issue_us"] - ex["executor_host_us"]
                 - ex.get("executor_pack_us", 0.0))
-        (check if d["model"] in held else callback).append((d["id"], left / ex["recorded_calls"]))
+        if left < 0:  # the timers held waits for the GPU (a pack or replay that synced)
+            continue
+        row = (d["id"], counts(d["trace"])[0], ex.get("recorded_calls", 0), left)
+        (check if d["model"] in held else pairs).append(row)
+    alone = [y / r for _, _, r, y in pairs if r]
     out = {"pack_us": float(np.median(pack)) if pack else 0.0,
-           "record_callback_us": float(np.median([v for _, v in callback])) if callback else 0.0}
+           "record_callback_us": float(np.median(alone)) if alone else 0.0}
     print(f"  pack_us: {out['pack_us']:.1f}  # {len(pack)} runs")
-    print(f"  record_callback_us: {out['record_callback_us']:.1f}  # {len(callback)} pairs: "
-          + ", ".join(f"{i} {v:.0f}" for i, v in callback))
-    if check:
-        print("  held out, per recorded call: " + ", ".join(f"{i} {v:.0f}" for i, v in check))
+    print(f"  record_callback_us: {out['record_callback_us']:.1f}  # median over {len(alone)} "
+          "pairs with recorded calls of what is left per recorded call")
+    if pairs:  # the alternative evaluated on 2026-11-26 and not adopted (host/README.md)
+        c = nnls(np.array([[n, r] for _, n, r, _ in pairs], float),
+                 np.array([y for *_, y in pairs], float))
+        print(f"  # or jointly over {len(pairs)} pairs (those without a plan but the tracker "
+              f"too): native_us_per_op {c[0]:.2f}, record_callback_us {c[1]:.1f}")
+        for name, rows in (("fit", pairs), ("held out", check)):
+            if rows:
+                print(f"  #   {name}: " + ", ".join(
+                    f"{i} {y / 1e3:.1f} ms ({(c[0] * n + c[1] * r) / 1e3:.1f})"
+                    for i, n, r, y in rows))
     return out
 
 
