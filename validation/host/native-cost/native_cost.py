@@ -24,7 +24,8 @@ def main() -> None:
     from vsim.trace import load_trace
 
     per_call, per_op = [], []
-    print("| run | calls | ops | plain host ms | tracked host ms | hook ms | left ms | us/call | us/op |")
+    print("| run | calls | ops | plain host ms | tracked host ms | hook ms | left ms | us/call "
+          "| us/op |")
     print("|---|---|---|---|---|---|---|---|---|")
     for f in sorted(HERE.glob("runs/*-tracked-r*.json")):
         t = json.loads(f.read_text())
