@@ -84,6 +84,26 @@ def test_the_executors_tracker_adds_its_cost_per_op_on_top_of_the_bounded_issue(
     assert load_host_model("h100-sxm").tracker_us_per_op > 0  # type: ignore[union-attr]
 
 
+def test_the_native_trackers_cost_is_per_counted_call_and_only_its_own(tmp_path: Path) -> None:
+    """executor.native_us_per_call times each op's counted calls (`counted_calls` by name,
+    `default` otherwise) adds up in a tracked run only; a bad count names the file."""
+    from vsim.engine.hostclock import HostClock
+
+    m = _flat_model(tmp_path, "{native_us_per_call: 2.0, "
+                              "counted_calls: {default: 3, aten::linear: 6}}")
+    trace = _recorded((_op(0, "aten::linear", "fwd"), _op(1, "aten::relu", "fwd"),
+                       _op(2, "AddmmBackward0", "bwd")))
+    assert [m.counted(o) for o in trace.ops] == [6.0, 3.0, 3.0]
+    # 12 us before op 0, 6 more before op 1 and op 2, on top of recorded starts 0, 1, 2
+    assert [HostClock(trace, m, tracked=True).ready_us(i) for i in range(3)] == \
+        [12.0, 19.0, 26.0]
+    assert [HostClock(trace, m).ready_us(i) for i in range(3)] == [0.0, 1.0, 2.0]
+    f = tmp_path / "bad.yaml"
+    f.write_text("by_phase: {fwd: 1.0}\nexecutor: {counted_calls: {aten::relu: -1}}\n")
+    with pytest.raises(HardwareError, match="bad.yaml: executor.counted_calls.aten::relu"):
+        read_host_model(f)
+
+
 def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) -> None:
     """executor.copy_us per offload/prefetch (before the op for those at it, after it for
     offloads after it) and free_us per release/drop (after the op) delay the host's issue of

@@ -80,7 +80,17 @@ class HostModel:
     record_callback_us: float = 0.0
     calls_per_op: dict[str, float] = field(default_factory=dict)
     calls_default: float = 1.0
+    # The native tracker (the runtime's default) on its own: its C++ fallback per counted aten
+    # call (validation/host/native-cost/), `counted_calls` per trace op by name, every phase
+    # (calls_per_op.py --counted), `counted_default` for a name not in it. 0: not charged.
+    native_us_per_call: float = 0.0
+    counted_calls: dict[str, float] = field(default_factory=dict)
+    counted_default: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def counted(self, op: Op) -> float:
+        """Aten calls the native tracker counts for trace op `op`."""
+        return self.counted_calls.get(op.name, self.counted_default)
 
     def calls(self, op: Op) -> float:
         """Aten calls the runtime replays or records for forward op `op`."""
@@ -173,6 +183,12 @@ def read_host_model(path: Path) -> HostModel:
     calls = {str(k): count(v, f"executor.calls_per_op.{k}") for k, v in calls_raw.items()
              if k != "default"}
     calls_default = count(calls_raw.get("default", 1.0), "executor.calls_per_op.default")
+    counted_raw = executor.get("counted_calls") or {}
+    if not isinstance(counted_raw, dict):
+        raise HardwareError(f"{path}: executor.counted_calls must map op names to call counts")
+    counted = {str(k): count(v, f"executor.counted_calls.{k}") for k, v in counted_raw.items()
+               if k != "default"}
+    counted_default = count(counted_raw.get("default", 1.0), "executor.counted_calls.default")
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),
@@ -187,4 +203,7 @@ def read_host_model(path: Path) -> HostModel:
                      pack_us=us(executor.get("pack_us", 0.0), "executor.pack_us"),
                      record_callback_us=us(executor.get("record_callback_us", 0.0),
                                            "executor.record_callback_us"),
-                     calls_per_op=calls, calls_default=calls_default)
+                     calls_per_op=calls, calls_default=calls_default,
+                     native_us_per_call=us(executor.get("native_us_per_call", 0.0),
+                                           "executor.native_us_per_call"),
+                     counted_calls=counted, counted_default=counted_default)

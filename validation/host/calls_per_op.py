@@ -9,6 +9,9 @@ forward op name (`aten::...`, what recomputation re-runs) as YAML for hardware/h
 models out (to check the table on them: `--check`). Writes nothing.
 
     python validation/host/calls_per_op.py validation/host/opmaps/*.json.gz [--hold-out M,...]
+
+`--counted`: every trace op's calls by name (forward, backward, optimizer), for the native
+tracker's cost per counted call (`executor.counted_calls`).
 """
 
 from __future__ import annotations
@@ -40,12 +43,42 @@ def table(maps: list[tuple[str, list[tuple[str, int]]]]) -> tuple[dict[str, floa
             round(statistics.mean(every), 2))
 
 
+def counted_table(paths: list[Path]) -> tuple[dict[str, float], float, int]:
+    """Aten calls the native tracker counts per trace op, by op name over every op (forward,
+    backward, optimizer): the op map's calls are the counter's (design.md, the native
+    tracker); one map per model (the last given)."""
+    by_model = {}
+    for path in paths:
+        raw = path.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+        by_model[path.name.removeprefix("map-").split(".")[0].rsplit("-h", 1)[0]] = doc
+    by_name: dict[str, list[int]] = collections.defaultdict(list)
+    for doc in by_model.values():
+        counts = collections.Counter(doc["call_op"])
+        for i, name in enumerate(doc["op_names"]):
+            by_name[name].append(counts.get(i, 0))
+    every = [n for v in by_name.values() for n in v]
+    return ({k: round(statistics.mean(v), 2) for k, v in sorted(by_name.items())},
+            round(statistics.mean(every), 2), len(by_model))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("maps", nargs="+", type=Path)
     ap.add_argument("--hold-out", default="", help="models left out of the table")
+    ap.add_argument("--counted", action="store_true",
+                    help="every op's counted calls (the native tracker's), not forward ones")
     args = ap.parse_args()
     held = set(filter(None, args.hold_out.split(",")))
+    if args.counted:
+        names, default, models = counted_table(args.maps)
+        print(f"  # aten calls the native tracker counts per trace op (validation/host/"
+              f"calls_per_op.py --counted over {models} models' op maps)")
+        print("  counted_calls:")
+        print(f"    default: {default}")
+        for name, v in names.items():
+            print(f"    {name}: {v}")
+        return
     maps = [per_op(p) for p in args.maps]
     fit = [m for m in maps if m[0].rsplit("-b", 1)[0] not in held]
     names, default = table(fit)

@@ -180,8 +180,10 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
     host = load_host_model(hw.name)
     if host is None:
         return None
-    if tracker == "python":  # its cost per op includes the hook's and the recording's calls
-        return dataclasses.replace(host, pack_us=0.0, record_callback_us=0.0)
+    if tracker == "python":  # its cost per op includes the hook's, the recording's calls and
+        # what the native tracker costs per call
+        return dataclasses.replace(host, pack_us=0.0, record_callback_us=0.0,
+                                   native_us_per_call=0.0)
     # None: the runtime's default, native where built
     return dataclasses.replace(host, tracker_us_per_op=0.0)
 

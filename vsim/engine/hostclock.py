@@ -12,8 +12,9 @@ after every sync. A synthesized trace has no recorded start to bound it: its iss
 model's alone.
 
 Tracked (`tracked=True`): the run is vsim's own runtime (vsim.runtime's executor) carrying out
-a plan, whose Python costs the host more (validation/host/README.md): its dispatch mode costs
-`model.tracker_us_per_op` per op, and carrying out the plan's actions costs `copy_us` per
+a plan, whose Python costs the host more (validation/host/README.md): its Python dispatch mode
+costs `model.tracker_us_per_op` per op, its native tracker `native_us_per_call` per counted aten
+call (`HostModel.counted(op)`), and carrying out the plan's actions costs `copy_us` per
 offload or prefetch, `free_us` per release or drop (at the op the action hangs on: before the op
 for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
 is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
@@ -90,6 +91,7 @@ class HostClock:
         self.issue: dict[int, float] = {}
         clock = 0.0
         per_op = model.tracker_us_per_op if tracked else 0.0
+        per_call = model.native_us_per_call if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
         noted = noted_ops(trace, index) if tracked and index is not None else frozenset()
         for op in trace.ops:
@@ -98,6 +100,8 @@ class HostClock:
                 clock = op.start_us
             before, after = executor_us(model, index if tracked else None, op, noted)
             runtime += per_op + before
+            if per_call:
+                runtime += per_call * model.counted(op)
             self.issue[op.id] = clock + runtime
             runtime += after
         self.extra_us = 0.0  # host time the plan added so far
