@@ -69,12 +69,12 @@ def test_a_prefetched_block_waits_for_later_prefetches_issued_before_its_free():
 
 
 def test_host_events_hold_blocks_until_the_host_allocates_after_their_copy():
-    """caching:events=host: PyTorch's allocator sees a copy stream's event pass only at a
-    malloc, in host time (process_events), or at a failed allocation's retry. With the host
-    ahead of the GPU, blocks freed while their copy ran come back later, and more segments are
-    reserved: vgg16(128) vDNN-all at 12 GiB then runs out of memory, as the measured run did
-    (validation/measured/vgg16-b128-vdnn-all-12g.json: 5.19 GiB reserved but unallocated),
-    where the GPU-clock model has it fit."""
+    """caching (events=host, the default): PyTorch's allocator sees a copy stream's event pass
+    only at a malloc, in host time (process_events), or at a failed allocation's retry. With
+    the host ahead of the GPU, blocks freed while their copy ran come back later, and more
+    segments are reserved: vgg16(128) vDNN-all at 12 GiB then runs out of memory, as the
+    measured run did (validation/measured/vgg16-b128-vdnn-all-12g.json: 5.19 GiB reserved but
+    unallocated), where the GPU-clock model (events=gpu) has it fit."""
     from pathlib import Path
 
     from vsim.engine import allocator_spec_string
@@ -86,9 +86,9 @@ def test_host_events_hold_blocks_until_the_host_allocates_after_their_copy():
     tr = load_trace(root / "traces/vgg16-b128-h100.vsim.json.gz")
     hw = load_hardware("h100-sxm")
     got = {a: simulate(tr, hw, make_policy("vdnn:mode=all"), make_allocator(a), 12 << 30).report
-           for a in ("caching", "caching:events=host")}
-    assert got["caching"]["fits"] and not got["caching:events=host"]["fits"]
-    assert got["caching:events=host"]["peak_reserved_bytes"] > \
-        got["caching"]["peak_reserved_bytes"]
+           for a in ("caching:events=gpu", "caching")}
+    assert got["caching:events=gpu"]["fits"] and not got["caching"]["fits"]
+    assert got["caching"]["peak_reserved_bytes"] > got["caching:events=gpu"]["peak_reserved_bytes"]
     assert allocator_spec_string(make_allocator("caching")) == "caching"
-    assert allocator_spec_string(make_allocator("caching:events=host")) == "caching:events=host"
+    assert allocator_spec_string(make_allocator("caching:events=host")) == "caching"
+    assert allocator_spec_string(make_allocator("caching:events=gpu")) == "caching:events=gpu"

@@ -51,7 +51,7 @@ class Allocator:
         # engine gives back the blocks it holds for host-time event processing
         self.before_release: Callable[[], None] | None = None
         # Whether a block freed while a copy used it comes back only when the host allocates
-        # after its event has passed (Caching's events=host; the engine's Transfers.limbo)
+        # after its event has passed (Caching's events=host, its default; Transfers.limbo)
         self.host_events = False
 
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:

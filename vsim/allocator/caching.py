@@ -192,12 +192,14 @@ class Caching(AllocatorSpec):
     pytorch_runtime = True
     description = ("PyTorch's CUDA caching allocator: 512 B rounding, small/large pools, "
                    "best-fit with splitting and merging, per-stream pools, segment growth; "
-                   "events=host: a block freed while a copy stream used it comes back at the "
-                   "first allocation the host issues after the copy ends (PyTorch's "
-                   "process_events), or at a failed allocation's retry (experimental)")
-    # "gpu": such a block comes back when its copy ends on the GPU's clock; "host": when the
-    # allocator sees its event pass, at a malloc in host time (vsim.engine.transfers' limbo)
-    events: str = choice("gpu", "host")
+                   "a block freed while a copy stream used it comes back at the first "
+                   "allocation the host issues after the copy ends (PyTorch's "
+                   "process_events), or at a failed allocation's retry; events=gpu: when "
+                   "the copy ends on the GPU's clock (before 2026-11-26)")
+    # "host" (default since 2026-11-26, sixth session): a block freed under record_stream
+    # comes back when the allocator sees its event pass, at a malloc in host time
+    # (vsim.engine.transfers' limbo); "gpu": when its copy ends on the GPU's clock
+    events: str = choice("host", "gpu")
 
     def build(self, capacity_bytes: int) -> Allocator:
         alloc = CachingAllocator(capacity_bytes)

@@ -399,8 +399,9 @@ def _in_start_order(out: EngineOutput) -> list[ExecutedOp]:
 
 
 def allocator_spec_string(spec: AllocatorSpec) -> str:
-    """'caching', or 'caching:events=host': the fields that differ from their defaults (an
-    allocator's field added later leaves the names of the runs before it as they were)."""
+    """'caching', or 'caching:events=gpu': the fields that differ from their defaults (an
+    allocator's field added later leaves the names of the runs before it as they were; a
+    default changed, as events' on 2026-11-26, changes what an old name meant)."""
     params = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec)
                       if getattr(spec, f.name) != f.default)
     return f"{spec.name}:{params}" if params else spec.name
