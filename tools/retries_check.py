@@ -7,8 +7,8 @@ it. Prints one row per case with retries on either side, and the totals. Writes 
 
     python tools/retries_check.py [--allocator SPEC] [validation/cases/*.yaml]
 
-`--allocator caching:events=host`: the experimental host-time event processing instead of the
-cases' own allocator (planned and run with it).
+`--allocator caching:events=gpu`: the GPU-clock event model (the default before 2026-11-26,
+events=host now) instead of the cases' own allocator (planned and run with it).
 """
 
 from __future__ import annotations
