@@ -4,9 +4,10 @@ is recorded, a plan is measured, and the host model is probed.
 Why: the lent GPU machines differ in their CPUs. The same densenet121 batch-64 step, host-bound,
 took 58.5 ms where it was recorded and 83.9 ms where it was measured a day later on another
 H100 machine (validation/README.md). A recorded trace's launch gaps and the host model
-(hardware/host/) are in the host speed of the machine they came from; the engine scales them to
-the speed of the machine a prediction is for (vsim/engine/hostclock.py) by the ratio of this
-probe's `step_us` on the two machines.
+(hardware/host/) are in the host speed of the machine they came from. The probe was meant to
+scale them to another machine's speed, but its own value moved 9.2-19.8 ms within one call's
+runs and did not track the models' host times (validation/host/README.md, "Host speed is noisy
+on the lent machines"), so it is kept as provenance: the engine applies no scale.
 
 The probe is a fixed small network (no dependence on what is being measured), at a size where
 every kernel is tiny: the host issue time of its SGD training step (perf_counter around the
