@@ -13,7 +13,9 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 - a freed block merges with free neighbours in its segment; segments stay reserved;
 - when a new segment would pass the capacity, every fully free segment is released
   (release_cached_blocks) and the cudaMalloc retried once; if it still does not fit: out of
-  memory, even though free bytes may exist inside segments (fragmentation).
+  memory, even though free bytes may exist inside segments (fragmentation). PyTorch's first
+  step, release_available_cached_blocks, releases nothing without max_split_size (its default,
+  unset: the function returns false at once), so the full release is the first one here too.
 """
 
 from __future__ import annotations
