@@ -481,3 +481,41 @@ def test_a_pinned_pool_beyond_the_limit_does_not_fit_before_the_first_op():
     assert r["fits"] is False and r["oom"]["op"] is None and r["oom"]["memory"] == "pinned host"
     assert r["oom"]["need_bytes"] == 16_000 and r["oom"]["free_bytes"] == 15_000
     assert r["iteration_time_us"] == 0 and any("the pinned pool" in n for n in r["notes"])
+
+
+def test_the_timed_iteration_is_the_median_of_the_iterations_a_measurement_times():
+    """A measurement reports the median of iterations 4 to 13 (3 warm-up, 10 timed); the
+    report's timed_iteration_time_us is the same statistic of the simulated iterations, a
+    converged run's last iteration standing for those it would repeat (validate compares it).
+    Without a first iteration only one iteration runs."""
+    import statistics
+
+    mib = 2**20
+    ops = [op(0, 0, 10, layer_type="conv", writes=(2,)),
+           op(1, 10, 10, layer_type="fc", reads=(2,), writes=(3,)),
+           op(2, 20, 10, phase="bwd", reads=(2, 3), frees=(2, 3))]
+    tr = trace(ops, [tensor(0, 4 * mib, "weight"), tensor(2, 12 * mib, producer=0,
+                                                           consumers=(1, 2)),
+                     tensor(3, 2 * mib, producer=1, consumers=(2,))])
+    caching = make_allocator("caching")
+    settled = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=True)
+    assert settled.output.timed_ends_us == [settled.output.end_us] * 10
+    assert settled.report["timed_iteration_time_us"] == settled.report["iteration_time_us"]
+    once = simulate(tr, hardware(), Fixed(), caching, 1 << 30, first_iteration=False)
+    assert once.output.timed_ends_us == []
+    assert once.report["timed_iteration_time_us"] == once.report["iteration_time_us"]
+    # wide_resnet50_2's hybrid plan at 5.8 GiB hits the cap in most iterations and never
+    # settles: 10 timed iterations of different lengths, their median reported
+    from pathlib import Path
+
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+
+    root = Path(__file__).resolve().parents[1]
+    wide = load_trace(root / "traces/wide_resnet50_2-b64-h100.vsim.json.gz")
+    run = simulate(wide, load_hardware("h100-sxm"), make_policy("hybrid"), caching,
+                   int(5.8 * 2**30))
+    ends = run.output.timed_ends_us
+    assert len(ends) == 10 and len(set(ends)) > 1
+    assert run.report["timed_iteration_time_us"] == pytest.approx(
+        statistics.median(ends) + wide.meta.get("iteration_tail_us", 0.0))

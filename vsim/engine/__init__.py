@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import gc
 import math
+import statistics
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -69,6 +70,12 @@ class SimResult:
             "allocator": allocator_spec_string(allocator),
             "hardware": hw.name,
             "capacity_bytes": capacity,
+            # the median of the iterations a measurement times (4 to 13) where the run simulated
+            # them; iteration_time_us is the last one's (what the predicted trace shows)
+            "timed_iteration_time_us": (
+                statistics.median(out.timed_ends_us)
+                + float(trace.meta.get("iteration_tail_us", 0.0))) if out.timed_ends_us
+            else report["iteration_time_us"],
             "retargeted_from": trace.meta.get("retargeted_from"),
             "notes": out.notes,
             "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},
@@ -318,22 +325,32 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
     # has: fragmentation that builds up over iterations ends a run in a later iteration.
     layout = memory.layout() if first_iteration else None
     ran = 1
+    ends: list[float] = []  # each steady iteration's end (iteration 2 first)
+    converged = False
     while True:
         engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
                         host=host, tracked=tracked, clock=clock)
         clock = engine.clock
         out = engine.run()
         ran += 1
+        ends.append(out.end_us)
         if out.oom is not None or layout is None or ran >= RUN_ITERATIONS:
             break
         resident_next = engine.resident_left()
         now = memory.layout()
         if now == layout:
+            converged = True
             break
         layout, resident = now, resident_next
         plan = _with_fallbacks(plan, engine.fell_back, fallback)
         engine.discard()  # likewise
         del out, engine
+    if first_iteration and out.oom is None:
+        # A measurement times iterations 4 to 13; a run that converged would repeat its last
+        # iteration until then (same layout, same plan: the same iteration)
+        if converged:
+            ends += [ends[-1]] * (RUN_ITERATIONS - ran)
+        out.timed_ends_us = ends[TIMED_FROM - 2:] or [ends[-1]]
     if first_iteration:
         out.notes.append("a first iteration ran before this one on the same allocator "
                          "(its segments and fragmentation carry over)")
@@ -351,6 +368,7 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
 
 
 RUN_ITERATIONS = 13  # a measured run's iterations: 3 warm-up, 10 timed (vsim.runtime.measure)
+TIMED_FROM = 4  # the first of them that a measurement times
 
 
 def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None
