@@ -169,9 +169,6 @@ def read_host_model(path: Path) -> HostModel:
     executor = doc.get("executor") or {}
     if not isinstance(executor, dict):
         raise HardwareError(f"{path}: executor must be a mapping")
-    calls_raw = executor.get("calls_per_op") or {}
-    if not isinstance(calls_raw, dict):
-        raise HardwareError(f"{path}: executor.calls_per_op must map op names to call counts")
 
     def count(value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -180,15 +177,16 @@ def read_host_model(path: Path) -> HostModel:
                                 f"got {value!r}")
         return float(value)
 
-    calls = {str(k): count(v, f"executor.calls_per_op.{k}") for k, v in calls_raw.items()
-             if k != "default"}
-    calls_default = count(calls_raw.get("default", 1.0), "executor.calls_per_op.default")
-    counted_raw = executor.get("counted_calls") or {}
-    if not isinstance(counted_raw, dict):
-        raise HardwareError(f"{path}: executor.counted_calls must map op names to call counts")
-    counted = {str(k): count(v, f"executor.counted_calls.{k}") for k, v in counted_raw.items()
-               if k != "default"}
-    counted_default = count(counted_raw.get("default", 1.0), "executor.counted_calls.default")
+    def calls_table(key: str) -> tuple[dict[str, float], float]:
+        """executor.KEY: call counts by op name, and its `default` (1 where absent)."""
+        raw = executor.get(key) or {}
+        if not isinstance(raw, dict):
+            raise HardwareError(f"{path}: executor.{key} must map op names to call counts")
+        return ({str(k): count(v, f"executor.{key}.{k}") for k, v in raw.items()
+                 if k != "default"}, count(raw.get("default", 1.0), f"executor.{key}.default"))
+
+    calls, calls_default = calls_table("calls_per_op")
+    counted, counted_default = calls_table("counted_calls")
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),

@@ -175,9 +175,10 @@ def measured_result(case: Case, trace_measured: Any) -> dict[str, Any]:
         for what, get in (("plan", _plan_digest), ("op tracker", measured_tracker)):
             # a run stopped out of memory before its executor reported has no tracker: it
             # agrees with any (the plan's digest is always there)
-            if get(run) != get(doc) and None not in (get(run), get(doc)):
-                raise ConfigError(f"ran another {what} ({get(run)}) than the measured run "
-                                  f"({get(doc)}); the case's repeats[{i}] must be a run of the "
+            theirs, ours = get(run), get(doc)
+            if theirs != ours and None not in (theirs, ours):
+                raise ConfigError(f"ran another {what} ({theirs}) than the measured run "
+                                  f"({ours}); the case's repeats[{i}] must be a run of the "
                                   "same plan", path)
         runs.append(run)
     return pool_runs(runs)
@@ -296,8 +297,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
                 "plan_error": str(exc)}
     predicted = {k: report[k] for k in keys}
     # a measurement reports the median of its timed iterations (4 to 13); so does this
-    predicted["iteration_time_us"] = report.get("timed_iteration_time_us",
-                                                report["iteration_time_us"])
+    predicted["iteration_time_us"] = report["timed_iteration_time_us"]
     measured_plan = measured.get("plan")
     measured_digest = measured_plan.get("digest") if isinstance(measured_plan, dict) else None
     error: dict[str, float | None] = {}

@@ -24,13 +24,15 @@ import statistics
 from pathlib import Path
 
 
-def per_op(path: Path) -> tuple[str, list[tuple[str, int]]]:
+def per_op(path: Path, every: bool = False) -> tuple[str, list[tuple[str, int]]]:
+    """(model, [(op name, the map's calls for that op)]) over the forward `aten::` ops, or
+    every op (`every`)."""
     raw = path.read_bytes()
     doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     counts = collections.Counter(doc["call_op"])
     model = path.name.removeprefix("map-").split(".")[0].rsplit("-", 1)[0]
     return model, [(name, counts.get(i, 0)) for i, name in enumerate(doc["op_names"])
-                   if name.startswith("aten::")]
+                   if every or name.startswith("aten::")]
 
 
 def table(maps: list[tuple[str, list[tuple[str, int]]]]) -> tuple[dict[str, float], float]:
@@ -47,19 +49,10 @@ def counted_table(paths: list[Path]) -> tuple[dict[str, float], float, int]:
     """Aten calls the native tracker counts per trace op, by op name over every op (forward,
     backward, optimizer): the op map's calls are the counter's (design.md, the native
     tracker); one map per model (the last given)."""
-    by_model = {}
-    for path in paths:
-        raw = path.read_bytes()
-        doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
-        by_model[path.name.removeprefix("map-").split(".")[0].rsplit("-h", 1)[0]] = doc
-    by_name: dict[str, list[int]] = collections.defaultdict(list)
-    for doc in by_model.values():
-        counts = collections.Counter(doc["call_op"])
-        for i, name in enumerate(doc["op_names"]):
-            by_name[name].append(counts.get(i, 0))
-    every = [n for v in by_name.values() for n in v]
-    return ({k: round(statistics.mean(v), 2) for k, v in sorted(by_name.items())},
-            round(statistics.mean(every), 2), len(by_model))
+    by_model = {path.name.removeprefix("map-").split(".")[0].rsplit("-h", 1)[0]: path
+                for path in paths}
+    names, default = table([per_op(path, every=True) for path in by_model.values()])
+    return names, default, len(by_model)
 
 
 def main() -> None:
