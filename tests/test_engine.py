@@ -519,3 +519,25 @@ def test_the_timed_iteration_is_the_median_of_the_iterations_a_measurement_times
     assert len(ends) == 10 and len(set(ends)) > 1
     assert run.report["timed_iteration_time_us"] == pytest.approx(
         statistics.median(ends) + wide.meta.get("iteration_tail_us", 0.0))
+
+
+def test_a_run_is_not_settled_while_its_plan_gains_fallbacks():
+    """An iteration whose convolutions fell back to their workspace-free algorithms changes the
+    next one's plan (PyTorch caches the engine), so an equal layout after it does not make the
+    next iteration equal: vgg16(256) under superneurons at its uncapped peak falls back in the
+    first steady iteration, and the run goes on until an iteration repeats the one before with
+    the same plan."""
+    from pathlib import Path
+
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+
+    root = Path(__file__).resolve().parents[1]
+    vgg = load_trace(root / "traces/vgg16-b256-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    peak = simulate(vgg, hw, make_policy("none"), make_allocator("exact"),
+                    10**15).report["peak_allocated_bytes"]
+    run = simulate(vgg, hw, make_policy("superneurons"), make_allocator("caching"), int(peak))
+    notes = " ".join(run.report["notes"])
+    assert "workspace fallback" in notes
+    assert "iteration 4 of the run reported" in notes

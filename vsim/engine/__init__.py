@@ -320,10 +320,12 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         # pass over every record made since run_plan paused the collector)
         first.discard()
         del first, out
-    # Steady iterations until the allocator starts one as it started the one before (the two
-    # are then equal, and so would every later one be), at most as many as a measured run
-    # has: fragmentation that builds up over iterations ends a run in a later iteration.
-    layout = memory.layout() if first_iteration else None
+    # Steady iterations until the allocator starts one as it started the one before, with the
+    # same plan (the two are then equal, and so would every later one be; an iteration that
+    # fell back to workspace-free convolutions changes the next one's plan), at most as many
+    # as a measured run has: fragmentation that builds up over iterations ends a run in a
+    # later iteration.
+    layout = (memory.layout(), len(plan.actions)) if first_iteration else None
     ran = 1
     ends: list[float] = []  # each steady iteration's end (iteration 2 first)
     converged = False
@@ -337,12 +339,12 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
         if out.oom is not None or layout is None or ran >= RUN_ITERATIONS:
             break
         resident_next = engine.resident_left()
-        now = memory.layout()
+        plan = _with_fallbacks(plan, engine.fell_back, fallback)
+        now = (memory.layout(), len(plan.actions))
         if now == layout:
             converged = True
             break
         layout, resident = now, resident_next
-        plan = _with_fallbacks(plan, engine.fell_back, fallback)
         engine.discard()  # likewise
         del out, engine
     if first_iteration and out.oom is None:
@@ -356,7 +358,8 @@ def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                          "(its segments and fragmentation carry over)")
         if ran > 2:
             out.notes.append(f"iteration {ran} of the run reported: the allocator's segments "
-                             f"changed from one iteration to the next until then"
+                             f"(or the convolutions that fell back) changed from one iteration "
+                             f"to the next until then"
                              + (" (out of memory there)" if out.oom is not None else ""))
     fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
                                            if isinstance(a, Retime) and a.note == FALLBACK})
