@@ -149,7 +149,11 @@ class Plan:
     through pageable memory: slower, and the host waits for each copy before the next launch.
     `wait_for_memory`: an allocation that does not fit waits for offloads in flight to give
     their device memory back (a runtime that blocks on its memory pool, as vDNN++ and
-    SuperNeurons do) instead of failing at once; out of memory only when none is in flight."""
+    SuperNeurons do) instead of failing at once; out of memory only when none is in flight.
+    With PyTorch's allocator (caching, events=host) that wait is PyTorch's own: a request with
+    no cached block and no room synchronizes the device, so every copy in flight ends and its
+    blocks come back, then the whole cache is freed and cudaMalloc retried (the engine's
+    sync_at_capacity)."""
 
     actions: tuple[Action, ...] = ()
     notes: tuple[str, ...] = ()

@@ -57,6 +57,11 @@ class Allocator:
     def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
         raise NotImplementedError
 
+    def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
+        """Whether the request would meet the capacity in a way that synchronizes the device
+        first (CachingAllocator: PyTorch's release_cached_blocks); False for models without."""
+        return False
+
     def free(self, block: object) -> None:
         raise NotImplementedError
 

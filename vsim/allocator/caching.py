@@ -73,7 +73,21 @@ class CachingAllocator(Allocator):
             found = self.pools[(pool, stream)] = BlockPool()  # best fit only (no address order)
         return found
 
-    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
+    def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
+        """Whether `malloc` would find no cached block and no room under the capacity for a
+        new segment: PyTorch's allocator would then synchronize the device and free its cache
+        (release_cached_blocks) before it calls cudaMalloc again (`malloc(searched=True)`)."""
+        size = round_size(size_bytes)
+        pool = self.pools.get(("small" if size <= SMALL_SIZE else "large", stream))
+        if pool is not None and pool.free.by_size \
+                and -pool.free.by_size[0] >> ADDR_BITS >= size:
+            return False
+        return self.reserved_bytes + segment_size(size) > self.capacity_bytes
+
+    def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False) -> object | None:
+        """`searched`: the request already found no cached block before the device was
+        synchronized (would_hit): the blocks that came back since are not searched, as
+        PyTorch's retry is a cudaMalloc after the cache is freed, not another search."""
         # round_size and BlockPool lookups written out: the engine calls this per tensor
         size = MIN_BLOCK if size_bytes < MIN_BLOCK \
             else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
@@ -81,6 +95,8 @@ class CachingAllocator(Allocator):
         pool = self.pools.get((kind, stream))
         if pool is None:
             pool = self._pool(kind, stream)
+        if searched:
+            return self._new_segment(size, kind, pool, stream)
         # a cached block: split when the rest is at least 512 B (small) or above 1 MiB (large)
         # (BlockPool.take_best written out: the caching pools keep no address order)
         free = pool.free
@@ -105,7 +121,10 @@ class CachingAllocator(Allocator):
             seg.blocks_in_use += 1
             self.allocated_bytes += found.size
             return found
-        # no cached block fits: a new segment
+        return self._new_segment(size, kind, pool, stream)
+
+    def _new_segment(self, size: int, kind: str, pool: BlockPool, stream: int) -> Block | None:
+        """No cached block fits: a new segment, after freeing the cache at the capacity."""
         grow = segment_size(size)
         if self.reserved_bytes + grow > self.capacity_bytes:
             self.capacity_hits += 1

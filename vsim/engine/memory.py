@@ -107,8 +107,12 @@ class DeviceMemory:
         self.state[tensor] = state
 
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
-                 state: Residency = DEVICE) -> bool:
-        block = self._malloc(size_bytes)
+                 state: Residency = DEVICE, searched: bool = False) -> bool:
+        """`searched`: the retry after a device-wide synchronize (CachingAllocator.malloc)."""
+        if searched:  # (the caching model's: only its runs sync at the capacity)
+            block = self.allocator.malloc(size_bytes, searched=True)  # type: ignore[call-arg]
+        else:
+            block = self._malloc(size_bytes)
         if block is None:
             return False
         self.blocks[tensor] = block

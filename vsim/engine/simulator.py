@@ -133,6 +133,11 @@ class Engine:
         events = allocator.host_events and self.clock is not None
         self.transfers.host_events = events
         allocator.before_release = self.transfers.process_events if events else None
+        # ... and a request that finds no cached block and no room under the capacity makes it
+        # synchronize the device first, waiting for every copy in flight, then free its cache
+        # and retry (release_cached_blocks): the copies' blocks come back before the cache is
+        # freed. Plan.wait_for_memory is that, not a wait of the runtime's own (vsim.runtime).
+        self.sync_at_capacity = events
 
     # ------------------------------------------------------------ setup
 
@@ -294,7 +299,9 @@ class Engine:
         env, index, state, transfers = self.env, self.index, self.memory.state, self.transfers
         queue = env._queue  # noqa: SLF001  (SimPy's event heap: (time, priority, id, event))
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
-        wait_for_memory = self.plan.wait_for_memory
+        sync_cap = self.sync_at_capacity
+        wait_for_memory = self.plan.wait_for_memory and not sync_cap
+        would_hit = self.allocator.would_hit
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         clock, driver_calls = self.clock, self.allocator.driver_calls
         retries = self.allocator.retries_after_pending_frees
@@ -376,6 +383,8 @@ class Engine:
                         continue
                     if wait_for_memory and not serves_now(size[t]):
                         break
+                    if sync_cap and transfers.copying() and would_hit(size[t]):
+                        break
                     if not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
@@ -390,6 +399,13 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
+                    if sync_cap and transfers.copying() and would_hit(size[t]):
+                        for t2 in op.writes[i:]:
+                            if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
+                                return
+                        stall += env.now - wait_start
+                        acted = True
+                        break
                     if not allocate(t, size[t], now, oid):
                         if retries and transfers.releasing_memory("any"):
                             # the allocator waits for blocks freed while a copy ran
@@ -476,7 +492,8 @@ class Engine:
         """Allocate the op's outputs from `first` on (`retime`: the op's as it launched; the
         stream allocated those before); `failed`: the allocation of output `first` was tried
         and failed (the allocator's state is as that failure left it)."""
-        memory, size, wait = self.memory, self.size, self.plan.wait_for_memory
+        memory, size = self.memory, self.size
+        wait = self.plan.wait_for_memory and not self.sync_at_capacity
         for t in op.writes[first:]:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
@@ -486,7 +503,7 @@ class Engine:
                 ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
             # _alloc_waiting's first steps inline (most requests are served at once): no need
             # to wait for memory, and the allocation succeeds
-            elif wait and not memory.allocator.serves_now(size[t]):
+            elif wait and not memory.allocator.serves_now(size[t]) or self._syncs_for(size[t]):
                 ok = yield from self._alloc_waiting(t, op.id, fall_back=True)
             elif memory.allocate(t, size[t], self.env.now, op.id):
                 continue
@@ -503,7 +520,18 @@ class Engine:
         in flight (whose op has ended, so that only their copy holds the memory) to give their
         device copy back, and retries. Out of memory when nothing in flight can free memory."""
         size = self.size[tensor]
-        while self.plan.wait_for_memory and not self.memory.allocator.serves_now(size):
+        if self._syncs_for(size):
+            # PyTorch's failed request: a device-wide synchronize (every copy in flight ends,
+            # the blocks they held come back), then the cache freed and cudaMalloc retried
+            waits = self.transfers.copies_under_way() + self.transfers.releasing_memory()
+            if waits:
+                yield self.env.all_of(waits)
+            self.transfers.process_events()
+            if self.memory.allocate(tensor, size, self.env.now, op, state, searched=True):
+                return True
+            return (yield from self._after_failed_alloc(tensor, op, state, fall_back))
+        while self.plan.wait_for_memory and not self.sync_at_capacity \
+                and not self.memory.allocator.serves_now(size):
             # Only offloads whose release op has ended: the others also wait for an op, maybe
             # this one or one after it on this stream, and waiting for them could deadlock.
             pending = self.transfers.releasing_memory("any")
@@ -514,6 +542,13 @@ class Engine:
         if self.memory.allocate(tensor, size, self.env.now, op, state):
             return True
         return (yield from self._after_failed_alloc(tensor, op, state, fall_back))
+
+    def _syncs_for(self, size: int) -> bool:
+        """A request PyTorch's allocator meets with a device-wide synchronize before it frees
+        its cache (sync_at_capacity): no cached block, no room, and copies whose end would
+        change what comes back (without any, the allocator's own release is the same)."""
+        return self.sync_at_capacity and self.transfers.copying() \
+            and self.allocator.would_hit(size)
 
     def _after_failed_alloc(self, tensor: int, op: int | None, state: Residency,
                             fall_back: bool) -> Generator[simpy.Event, Any, bool]:

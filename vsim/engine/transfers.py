@@ -111,6 +111,17 @@ class Transfers:
         self.host_blocking.clear()
         return waits
 
+    def copying(self) -> bool:
+        """Copies in flight or blocks waiting for their stream events: what a device-wide
+        synchronize would bring back."""
+        return bool(self.in_flight or self.limbo or self._returning)
+
+    def copies_under_way(self) -> list[simpy.Event]:
+        """The copies a device-wide synchronize waits for: every D2H copy issued and every
+        H2D copy that holds its device block (one still waiting for memory is not on the GPU
+        yet, and waiting for it could deadlock)."""
+        return [*self._d2h_active.values(), *self._h2d_active.values()]
+
     def in_flight_events(self) -> list[simpy.Event]:
         """Copies not yet finished, both ways (what a Sync waits for)."""
         # (_d2h_active: the D2H copies not yet finished, without a scan of every offload)
