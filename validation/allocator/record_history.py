@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from vsim.record.recorder import _driver_version, sgd_training
+from vsim.record.recorder import driver_version, sgd_training
 
 ITERATIONS = 6
 
@@ -57,7 +57,7 @@ def record(model: str, batch: int) -> dict:
     del training
     torch.cuda.empty_cache()
     return {"meta": {"model": model, "batch_size": batch,
-                     "device": torch.cuda.get_device_name(), "driver": _driver_version(),
+                     "device": torch.cuda.get_device_name(), "driver": driver_version(),
                      "torch": torch.__version__,
                      "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

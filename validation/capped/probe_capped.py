@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vsim.record.recorder import _driver_version, sgd_training
+from vsim.record.recorder import driver_version, sgd_training
 
 WARMUP, TIMED = 3, 5
 COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms",
@@ -58,7 +58,7 @@ def main() -> None:
             k[0] += 1
             k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
     result = {"meta": {"model": model, "batch_size": batch, "cap_gib": cap,
-                       "device": torch.cuda.get_device_name(), "driver": _driver_version(),
+                       "device": torch.cuda.get_device_name(), "driver": driver_version(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version(),
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

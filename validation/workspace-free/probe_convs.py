@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from vsim.allocator.caching import segment_size
-from vsim.record.recorder import _driver_version
+from vsim.record.recorder import driver_version
 from vsim.record.zoo import build_model
 
 MARGIN = 32 * 2**20
@@ -146,7 +146,7 @@ def main() -> None:
                       f"{layer.get('bwd_us', 0):.1f} us {layer.get('error', '')}", flush=True)
         doc = {"meta": {"model": model, "batch_size": int(batch), "mode": mode,
                         "margin_bytes": MARGIN, "device": torch.cuda.get_device_name(),
-                        "driver": _driver_version(), "torch": torch.__version__,
+                        "driver": driver_version(), "torch": torch.__version__,
                         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
                         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
