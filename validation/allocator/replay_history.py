@@ -72,6 +72,13 @@ def replay(history: dict[str, Any]) -> tuple[dict[int, dict[str, int]], dict[int
             add(model, "hits", a.capacity_hits - hits)
             add(model, "malloc", a.segment_allocs - segs)
             add(model, "free", sum(1 for c in a.driver_calls[calls:] if c[0] == "free"))
+        elif action == "oom":  # PyTorch gave up on this request (cuDNN may try another)
+            add(real, "oom")
+            block = a.malloc(size, stream)
+            give_back()
+            if block is not None:  # the model would have served it
+                add(model, "served_oom")
+                a.free(block)
         elif action in ("segment_alloc", "segment_free"):
             add(real, "malloc" if action == "segment_alloc" else "free")
     return real, model
@@ -82,13 +89,14 @@ def main() -> int:
         with gzip.open(path, "rt") as f:
             history = json.load(f)
         real, model = replay(history)
-        print(f"{history['id']}: per iteration, PyTorch's cudaMalloc/cudaFree | the model's "
-              "(capacity hits, cudaMalloc/cudaFree, failed)")
+        print(f"{history['id']}: per iteration, PyTorch's cudaMalloc/cudaFree, OOMs | the "
+              "model's capacity hits, cudaMalloc/cudaFree, requests it failed, PyTorch's OOMs "
+              "it would have served")
         for i in sorted(set(real) | set(model)):
             r, m = real.get(i, {}), model.get(i, {})
-            print(f"  {i:3d}  {r.get('malloc', 0):4d} / {r.get('free', 0):4d}  |  "
-                  f"{m.get('hits', 0)}, {m.get('malloc', 0):4d} / {m.get('free', 0):4d}, "
-                  f"{m.get('failed', 0)}")
+            print(f"  {i:3d}  {r.get('malloc', 0):4d} / {r.get('free', 0):4d}, "
+                  f"{r.get('oom', 0):2d}  |  {m.get('hits', 0)}, {m.get('malloc', 0):4d} / "
+                  f"{m.get('free', 0):4d}, {m.get('failed', 0)}, {m.get('served_oom', 0)}")
     return 0
 
 
