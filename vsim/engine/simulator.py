@@ -399,16 +399,11 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    if sync_cap and transfers.copying() and would_hit(size[t]):
-                        for t2 in op.writes[i:]:
-                            if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
-                                return
-                        stall += env.now - wait_start
-                        acted = True
-                        break
-                    if not allocate(t, size[t], now, oid):
-                        if retries and transfers.releasing_memory("any"):
-                            # the allocator waits for blocks freed while a copy ran
+                    syncs = sync_cap and transfers.copying() and would_hit(size[t])
+                    if syncs or not allocate(t, size[t], now, oid):
+                        if syncs or retries and transfers.releasing_memory("any"):
+                            # the allocator synchronizes at the cap (sync_at_capacity), or
+                            # waits for blocks freed while a copy ran
                             for t2 in op.writes[i:]:
                                 if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
                                     return
