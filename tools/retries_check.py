@@ -1,9 +1,10 @@
 """The caching allocator's retries (PyTorch's num_alloc_retries: a cudaMalloc refused at the
 capacity, the cache freed after a device-wide sync, the request tried again), predicted per
 iteration against measured, for every validation case whose measured run counted them
-(`allocator_churn`, over its timed iterations). Predicted: the allocator model's capacity
-hits in the reported (last simulated) iteration, the plan planned as `vsim validate` plans
-it. Prints one row per case with retries on either side, and the totals. Writes nothing.
+(`allocator_churn`, over its timed iterations). Predicted: the median of the allocator
+model's capacity hits over the iterations a measurement times (4 to 13), the plan planned as
+`vsim validate` plans it. Prints one row per case with retries on either side, and the
+totals. Writes nothing.
 
     python tools/retries_check.py [--allocator SPEC] [validation/cases/*.yaml]
 
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import glob
 import json
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
+import vsim.engine as engine
 from vsim.allocator import make_allocator
 from vsim.engine import simulate
 from vsim.engine import simulator as sim
@@ -36,6 +40,7 @@ def main() -> None:
     paths = args or sorted(glob.glob("validation/cases/*.yaml"))
     hits: list[int] = []
     original_run = sim.Engine.run
+    original_run_engine = engine._run_engine  # noqa: SLF001
 
     def run(self: sim.Engine) -> object:  # the capacity hits of each simulated iteration
         before = self.allocator.capacity_hits
@@ -43,7 +48,12 @@ def main() -> None:
         hits.append(self.allocator.capacity_hits - before)
         return out
 
-    sim.Engine.run = run  # type: ignore[method-assign]
+    def run_engine(*args: Any, **kwargs: Any) -> Any:  # one run: its iterations' hits only
+        hits.clear()
+        return original_run_engine(*args, **kwargs)
+
+    sim.Engine.run = run  # type: ignore[method-assign, assignment]
+    engine._run_engine = run_engine  # noqa: SLF001
     rows = []
     for case in load_cases(paths):
         if case.allocator != "caching" or case.measured == "trace":
@@ -62,7 +72,11 @@ def main() -> None:
         if not result.report["fits"]:
             hits.clear()
             continue
-        predicted = hits[-1] if hits else 0
+        # the final run's hits in the iterations a measurement times (4 to 13: its first
+        # iteration is hits[0]); a run that settled early repeats its last iteration
+        steady = (hits + hits[-1:] * engine.RUN_ITERATIONS)[engine.TIMED_FROM - 1:
+                                                             engine.RUN_ITERATIONS]
+        predicted = statistics.median(steady) if steady else 0
         hits.clear()
         measured = churn["num_alloc_retries"] / timed
         if predicted or measured:
@@ -70,7 +84,7 @@ def main() -> None:
     print("| case | predicted retries per iteration | measured |")
     print("|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} |")
+        print(f"| {r[0]} | {r[1]:g} | {r[2]:.1f} |")
     both = sum(1 for r in rows if r[1] and r[2])
     print(f"{len(rows)} cases with retries on either side: both {both}, only predicted "
           f"{sum(1 for r in rows if r[1] and not r[2])}, only measured "
