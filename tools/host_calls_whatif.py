@@ -13,21 +13,14 @@ from __future__ import annotations
 import dataclasses
 import glob
 import math
-from typing import Any
 
-import vsim.engine as engine
-from vsim.allocator import make_allocator
-from vsim.engine import run_plan, simulate
-from vsim.hardware import Hardware, load_hardware
+from host_whatif import HELD_OUT, rerun_with_host
+
 from vsim.host import HostModel
-from vsim.policies import make_policy
-from vsim.retarget import for_hardware
-from vsim.trace import load_trace
 from vsim.trace.schema import Op, Trace
-from vsim.validate import load_cases, measured_result, measured_tracker, relative_error
+from vsim.validate import load_cases, relative_error
 
 FWD_CALL_US, BWD_OP_US, OTHER_OP_US, WEIGHT_US = 13.4, 65.8, 710.6, 9.9
-HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
 
 
 class CallsHost(HostModel):
@@ -42,33 +35,20 @@ class CallsHost(HostModel):
 
 
 def main() -> None:
-    probe = engine._host_model  # noqa: SLF001
-
-    def calls_model(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None) -> Any:
-        host = probe(trace, hw, host_time, tracker)
-        if host is None:
-            return None
+    def calls_model(host: HostModel) -> HostModel:
         return CallsHost(**{f.name: getattr(host, f.name) for f in dataclasses.fields(host)})
 
     errors: dict[str, list[tuple[str, float]]] = {"probe": [], "calls": []}
     for case in load_cases(sorted(glob.glob("validation/cases/*.yaml"))):
         if case.hardware != "h100-sxm":
             continue
-        hw = load_hardware(case.hardware)
-        trace, _ = for_hardware(load_trace(case.trace), hw)
-        m = measured_result(case, trace.measured)
-        if not m["fits"] or not m.get("iteration_time_us"):
+        runs = rerun_with_host(case, calls_model)
+        if runs is None:
             continue
-        engine._host_model = probe  # noqa: SLF001
-        sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                       case.memory_bytes, tracker=measured_tracker(m), plan_tracker="native")
-        engine._host_model = calls_model  # noqa: SLF001
-        again = run_plan(trace, hw, sim.plan, make_allocator(case.allocator), case.memory_bytes,
-                         tracker=measured_tracker(m)).report
-        engine._host_model = probe  # noqa: SLF001
-        if not (sim.report["fits"] and again["fits"]):
+        m, probe, calls = runs
+        if not (probe["fits"] and calls["fits"]):
             continue
-        for name, report in (("probe", sim.report), ("calls", again)):
+        for name, report in (("probe", probe), ("calls", calls)):
             err = relative_error(report["iteration_time_us"], m["iteration_time_us"])
             errors[name].append((case.id, abs(err or 0.0)))
     for name, rows in errors.items():

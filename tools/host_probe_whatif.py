@@ -14,6 +14,7 @@ held-out models 5.42% -> 6.03%: not adopted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import math
@@ -21,18 +22,11 @@ import statistics
 import sys
 from typing import Any
 
-import vsim.engine as engine
-from vsim.allocator import make_allocator
-from vsim.engine import run_plan, simulate
-from vsim.hardware import Hardware, load_hardware
-from vsim.host import HostModel
-from vsim.policies import make_policy
-from vsim.retarget import for_hardware
-from vsim.trace import load_trace
-from vsim.trace.schema import Trace
-from vsim.validate import Case, load_cases, measured_result, measured_tracker, relative_error
+from host_whatif import HELD_OUT, rerun_with_host
 
-HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
+from vsim.host import HostModel
+from vsim.validate import Case, load_cases, relative_error
+
 TIME_FIELDS = ("per_weight_us", "tracker_us_per_op", "copy_us", "free_us", "recompute_call_us",
                "record_call_us", "pack_us", "record_callback_us", "native_us_per_call")
 
@@ -44,15 +38,19 @@ def scaled(host: HostModel, s: float) -> HostModel:
         **{f: getattr(host, f) * s for f in TIME_FIELDS})
 
 
-def probes(case: Case) -> list[float]:
+def runs(case: Case) -> list[dict[str, Any]]:
+    """The case's measured run and its repeats."""
     out = []
     for path in [case.measured, *case.repeats]:
         with open(path) as f:
-            doc = json.load(f)
-        step = ((doc.get("provenance") or {}).get("host_probe") or {}).get("step_us")
-        if step:
-            out.append(float(step))
+            out.append(json.load(f))
     return out
+
+
+def probe_us(run: dict[str, Any]) -> float | None:
+    """The host probe's step time of the machine the run was measured on."""
+    step = ((run.get("provenance") or {}).get("host_probe") or {}).get("step_us")
+    return float(step) if step else None
 
 
 def within_plan(cases: list[Case]) -> None:
@@ -61,16 +59,14 @@ def within_plan(cases: list[Case]) -> None:
     for case in cases:
         if case.hardware != "h100-sxm" or not case.repeats:
             continue
-        runs = []
-        for path in [case.measured, *case.repeats]:
-            with open(path) as f:
-                doc = json.load(f)
-            step = ((doc.get("provenance") or {}).get("host_probe") or {}).get("step_us")
-            t, issue = doc.get("iteration_time_us"), doc.get("host_issue_us") or 0.0
-            if doc.get("fits") and t and step and issue >= 0.8 * t:  # host-bound
-                runs.append((float(step), float(t)))
-        for i, a in enumerate(runs):
-            for b in runs[i + 1:]:
+        timed = []
+        for run in runs(case):
+            step, t = probe_us(run), run.get("iteration_time_us")
+            issue = run.get("host_issue_us") or 0.0
+            if run.get("fits") and t and step and issue >= 0.8 * t:  # host-bound
+                timed.append((step, float(t)))
+        for i, a in enumerate(timed):
+            for b in timed[i + 1:]:
                 xs.append(math.log(a[0] / b[0]))
                 ys.append(math.log(a[1] / b[1]))
     print(f"runs of one plan, host-bound, H100: {len(xs)} pairs, log-log slope "
@@ -83,37 +79,23 @@ def main() -> None:
     cases = [c for c in load_cases(sorted(glob.glob("validation/cases/*.yaml")))
              if c.measured != "trace"]
     within_plan(cases)
-    ref = {hw: statistics.median(p for c in cases if c.hardware == hw for p in probes(c))
+    probes = {c.id: [p for p in map(probe_us, runs(c)) if p] for c in cases}
+    ref = {hw: statistics.median(p for c in cases if c.hardware == hw for p in probes[c.id])
            for hw in ("h100-sxm", "h200")}
-    base = engine._host_model  # noqa: SLF001
     rows = []
     for case in cases:
-        ps = probes(case)
-        if not ps:
+        if not probes[case.id]:
             continue
-        s = (statistics.median(ps) / ref[case.hardware]) ** k
-        hw = load_hardware(case.hardware)
-        trace, _ = for_hardware(load_trace(case.trace), hw)
-        m = measured_result(case, trace.measured)
-        if not m["fits"] or not m.get("iteration_time_us"):
+        s = (statistics.median(probes[case.id]) / ref[case.hardware]) ** k
+        result = rerun_with_host(case, functools.partial(scaled, s=s))
+        if result is None:
             continue
-        sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                       case.memory_bytes, tracker=measured_tracker(m), plan_tracker="native")
-
-        def host_model(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None,
-                       s: float = s) -> HostModel | None:
-            host = base(trace, hw, host_time, tracker)
-            return None if host is None else scaled(host, s)
-
-        engine._host_model = host_model  # noqa: SLF001
-        again = run_plan(trace, hw, sim.plan, make_allocator(case.allocator), case.memory_bytes,
-                         tracker=measured_tracker(m)).report
-        engine._host_model = base  # noqa: SLF001
-        if not (sim.report["fits"] and again["fits"]):
+        m, before, after = result
+        if not (before["fits"] and after["fits"]):
             continue
-        before = relative_error(sim.report["timed_iteration_time_us"], m["iteration_time_us"])
-        after = relative_error(again["timed_iteration_time_us"], m["iteration_time_us"])
-        rows.append((case.id, case.hardware, s, before or 0.0, after or 0.0))
+        was = relative_error(before["timed_iteration_time_us"], m["iteration_time_us"])
+        now = relative_error(after["timed_iteration_time_us"], m["iteration_time_us"])
+        rows.append((case.id, case.hardware, s, was or 0.0, now or 0.0))
     for name, sel in (("h100-sxm", [r for r in rows if r[1] == "h100-sxm"]),
                       ("h200", [r for r in rows if r[1] == "h200"]), ("all", rows),
                       ("held-out models", [r for r in rows if r[0].startswith(HELD_OUT)])):

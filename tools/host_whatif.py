@@ -1,0 +1,51 @@
+"""What the what-if tools on the host model share: a validation case planned as `vsim validate`
+plans it, then that plan run again with the host model changed (plans held, so no remeasure is
+needed to read the effect; adopting the change would move plans). Used by
+tools/host_calls_whatif.py and tools/host_probe_whatif.py; not a command of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import vsim.engine as engine
+from vsim.allocator import make_allocator
+from vsim.engine import run_plan, simulate
+from vsim.hardware import Hardware, load_hardware
+from vsim.host import HostModel
+from vsim.policies import make_policy
+from vsim.retarget import for_hardware
+from vsim.trace import load_trace
+from vsim.trace.schema import Trace
+from vsim.validate import Case, measured_result, measured_tracker
+
+HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
+
+
+def rerun_with_host(case: Case, change: Callable[[HostModel], HostModel]
+                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+    """(measured, report as validate plans and runs it, report of that plan run again with
+    `change` applied to every host model the run loads); None when the measured run did not
+    fit or has no time."""
+    hw = load_hardware(case.hardware)
+    trace, _ = for_hardware(load_trace(case.trace), hw)
+    m = measured_result(case, trace.measured)
+    if not m["fits"] or not m.get("iteration_time_us"):
+        return None
+    sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                   case.memory_bytes, tracker=measured_tracker(m), plan_tracker="native")
+    base = engine._host_model  # noqa: SLF001
+
+    def changed(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None
+                ) -> HostModel | None:
+        host = base(trace, hw, host_time, tracker)
+        return None if host is None else change(host)
+
+    engine._host_model = changed  # noqa: SLF001
+    try:
+        again = run_plan(trace, hw, sim.plan, make_allocator(case.allocator), case.memory_bytes,
+                         tracker=measured_tracker(m)).report
+    finally:
+        engine._host_model = base  # noqa: SLF001
+    return m, sim.report, again
