@@ -110,8 +110,8 @@ def probe(case_path: str, out_dir: Path) -> None:
     (out_dir / f"{case.id}.retries.json").write_text(json.dumps(doc, indent=1))
     # for replaying the real request sequence through the allocator model
     history = {"id": case.id, "memory_bytes": case.memory_bytes,
-               "alive_at_start": [[b["address"], b["size"], s["stream"]]
-                                  for s in start["segments"] for b in s["blocks"]
+               "alive_at_start": [[b["address"], b["size"], seg["stream"]]
+                                  for seg in start["segments"] for b in seg["blocks"]
                                   if b["state"] == "active_allocated"],
                "entries": [[e["action"], e.get("addr", 0), e["size"], e.get("stream", 0),
                             e.get("time_us", 0)]

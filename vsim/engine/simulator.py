@@ -384,7 +384,7 @@ class Engine:
                     if wait_for_memory and not serves_now(size[t]):
                         break
                     if sync_cap and transfers.copying() and would_hit(size[t]):
-                        break
+                        break  # (_syncs_for written out): _allocate_outputs synchronizes
                     if not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
@@ -399,7 +399,7 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    syncs = sync_cap and transfers.copying() and would_hit(size[t])
+                    syncs = sync_cap and transfers.copying() and would_hit(size[t])  # (ditto)
                     if syncs or not allocate(t, size[t], now, oid):
                         if syncs or retries and transfers.releasing_memory("any"):
                             # the allocator synchronizes at the cap (sync_at_capacity), or
