@@ -45,7 +45,7 @@ def main() -> None:
         runs = rerun_with_host(case, calls_model)
         if runs is None:
             continue
-        m, probe, calls = runs
+        m, probe, (calls,) = runs
         if not (probe["fits"] and calls["fits"]):
             continue
         for name, report in (("probe", probe), ("calls", calls)):

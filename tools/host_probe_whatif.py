@@ -90,7 +90,7 @@ def main() -> None:
         result = rerun_with_host(case, functools.partial(scaled, s=s))
         if result is None:
             continue
-        m, before, after = result
+        m, before, (after,) = result
         if not (before["fits"] and after["fits"]):
             continue
         was = relative_error(before["timed_iteration_time_us"], m["iteration_time_us"])

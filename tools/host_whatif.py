@@ -23,29 +23,31 @@ from vsim.validate import Case, measured_result, measured_tracker
 HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
 
 
-def rerun_with_host(case: Case, change: Callable[[HostModel], HostModel]
-                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
-    """(measured, report as validate plans and runs it, report of that plan run again with
-    `change` applied to every host model the run loads); None when the measured run did not
-    fit or has no time."""
+def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
+                    fitted_only: bool = True
+                    ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+    """(measured, report as validate plans and runs it, per change the report of that plan
+    run again with the change applied to every host model the run loads); None when
+    `fitted_only` and the measured run did not fit or has no time."""
     hw = load_hardware(case.hardware)
     trace, _ = for_hardware(load_trace(case.trace), hw)
     m = measured_result(case, trace.measured)
-    if not m["fits"] or not m.get("iteration_time_us"):
+    if fitted_only and (not m["fits"] or not m.get("iteration_time_us")):
         return None
     sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                    case.memory_bytes, tracker=measured_tracker(m), plan_tracker="native")
     base = engine._host_model  # noqa: SLF001
+    again = []
+    for change in changes:
+        def changed(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None,
+                    change: Callable[[HostModel], HostModel] = change) -> HostModel | None:
+            host = base(trace, hw, host_time, tracker)
+            return None if host is None else change(host)
 
-    def changed(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None
-                ) -> HostModel | None:
-        host = base(trace, hw, host_time, tracker)
-        return None if host is None else change(host)
-
-    engine._host_model = changed  # noqa: SLF001
-    try:
-        again = run_plan(trace, hw, sim.plan, make_allocator(case.allocator), case.memory_bytes,
-                         tracker=measured_tracker(m)).report
-    finally:
-        engine._host_model = base  # noqa: SLF001
+        engine._host_model = changed  # noqa: SLF001
+        try:
+            again.append(run_plan(trace, hw, sim.plan, make_allocator(case.allocator),
+                                  case.memory_bytes, tracker=measured_tracker(m)).report)
+        finally:
+            engine._host_model = base  # noqa: SLF001
     return m, sim.report, again
