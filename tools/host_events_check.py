@@ -50,7 +50,7 @@ def main() -> None:
         print(f"{spec}: fits right {right}/{len(rows)}")
     both = [g for _, _, g in rows if all(e is not None for _, e in g.values())]
     for spec in ("caching", "caching:events=gpu"):
-        errs = [abs(g[spec][1]) for g in both]
+        errs = [abs(g[spec][1] or 0.0) for g in both]  # (none is None in `both`)
         print(f"{spec}: time MAPE {100 * sum(errs) / len(errs):.2f}% over the {len(both)} cases "
               "both predict to fit")
     for cid, fits, g in rows:
