@@ -17,7 +17,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .. import metrics
@@ -49,6 +49,9 @@ class SimResult:
                  simpy_events: int) -> None:
         self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
         self.simpy_events = simpy_events
+        # A run cut short (run_plan's `iterations`) that can go on: the whole run's result,
+        # without simulating its first iterations again; None when the run is whole
+        self.resume: Callable[[], SimResult] | None = None
         # CPU seconds the policy took to plan (set by simulate; not part of the report, which
         # is a pure function of the inputs)
         self.plan_seconds = 0.0
@@ -164,6 +167,15 @@ class _PlanningRunner:
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,
                         tracked=self.tracked, tracker=self.tracker)
 
+    def screen(self, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int,
+               iterations: int) -> SimResult:
+        """A profiling run cut short after `iterations` (run_plan's): out of memory there is
+        out of memory in the run; fitting there says only that its first iterations fit."""
+        return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
+                        first_iteration=self.first_iteration,
+                        workspace_fallback=self.workspace_fallback, host_time=self.host_time,
+                        tracked=self.tracked, tracker=self.tracker, iterations=iterations)
+
     def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
         """A lower bound on the iteration time this runner's profiling run reports for `plan`
         (vsim.engine.floor), with the host model and tracking its runs use."""
@@ -199,7 +211,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
              capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              tracked: bool | None = None, label: str = "plan",
-             tracker: str | None = None) -> SimResult:
+             tracker: str | None = None, iterations: int | None = None) -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -231,8 +243,15 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     None: native, as the runtime's default ("auto") runs every plan where the native tracker
     builds. Planning profiling runs use the same tracker (planning_runner), so that a plan is
     judged under the host costs it runs with.
+
+    `iterations`: at most this many iterations, the first one included (default: as many as a
+    measured run has, RUN_ITERATIONS, stopping earlier once the allocator's layout repeats). A
+    run cut short this way that did not run out of memory says only that its first
+    `iterations` fit: a screening run (vsim.policies.fitted.Judge.screen).
     """
     capacity = _capacity(hw, capacity_bytes)
+    if iterations is not None and iterations < 2:
+        raise ValueError(f"a run simulates at least 2 iterations, got {iterations}")
     if allocator is None:  # a profiling run outside a simulation: PyTorch's (vsim run's default)
         allocator = make_allocator("caching")
     memory = allocator.build(capacity)
@@ -244,19 +263,30 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     host = _host_model(trace, hw, host_time, tracker)
     if tracked is None:
         tracked = bool(plan.actions)
+    run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked)
+    return _advance(run, RUN_ITERATIONS if iterations is None else iterations, label, allocator,
+                    capacity)
+
+
+def _advance(run: _Run, iterations: int, label: str, allocator: AllocatorSpec, capacity: int
+             ) -> SimResult:
+    """run.advance(iterations) as a SimResult; one cut short can go on (SimResult.resume)."""
     # The cyclic garbage collector finds little to free in a run (SimPy's events and the
     # engine's records go by reference counting) but its passes over every young record and
     # then the whole heap were 40% of a run's time on a 200k-op trace: paused while it runs.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        out, engine = _run_engine(trace, hw, plan, memory, first_iteration, fallback, host,
-                                  tracked)
+        out, engine = run.advance(iterations)
     finally:
         if enabled:
             gc.enable()
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
-    return SimResult(trace, hw, plan, label, allocator, capacity, out, simpy_events)
+    result = SimResult(run.trace, run.hw, run.plan_given, label, allocator, capacity, out,
+                       simpy_events)
+    if not run.done and run.ran < RUN_ITERATIONS:
+        result.resume = lambda: _advance(run, RUN_ITERATIONS, label, allocator, capacity)
+    return result
 
 
 def _capacity(hw: Hardware, capacity_bytes: int | None) -> int:
@@ -294,80 +324,120 @@ class _WorkspaceFree(Mapping[int, Retime]):
         return len(self._table)
 
 
-def _run_engine(trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
-                first_iteration: bool, fallback: Mapping[int, Retime] | None,
-                host: HostModel | None = None, tracked: bool = False
-                ) -> tuple[EngineOutput, Engine]:
-    """The reported iteration, after the first one when `first_iteration` (see run_plan), and
-    the engine that ran it."""
-    resident = None
-    # The host clock's issue times, computed once per run: its later iterations' plans differ
-    # only by workspace fallbacks (retimes), which cost the host nothing (hostclock).
-    clock: HostClock | None = None
-    if first_iteration:
-        first = Engine(trace, hw, plan, memory, first_use=trace_prep(trace).first_use(),
-                       fallback=fallback, host=host, tracked=tracked)
-        out = first.run()
-        if out.oom is not None:
-            out.notes.append("out of memory in the first iteration, which creates momentum and "
-                             "cuBLAS workspaces at first use (the steady iteration not run)")
-            return out, first
-        resident = first.resident_left()
-        clock = first.clock
-        plan = _with_fallbacks(plan, first.fell_back, fallback)
-        # Not reported: its log goes before the next iteration builds its own (discard, and no
-        # reference cycle holds an engine after its run: no collection needed, which cost a
-        # pass over every record made since run_plan paused the collector)
-        first.discard()
-        del first, out
-    # Steady iterations until the allocator starts one as it started the one before, with the
-    # same plan (the two are then equal, and so would every later one be; an iteration that
-    # fell back to workspace-free convolutions changes the next one's plan), at most as many
-    # as a measured run has: fragmentation that builds up over iterations ends a run in a
-    # later iteration.
-    layout = (memory.layout(), len(plan.actions)) if first_iteration else None
-    ran = 1
-    ends: list[float] = []  # each steady iteration's end (iteration 2 first)
-    converged = False
-    while True:
-        engine = Engine(trace, hw, plan, memory, resident_blocks=resident, fallback=fallback,
-                        host=host, tracked=tracked, clock=clock)
-        clock = engine.clock
-        out = engine.run()
-        ran += 1
-        ends.append(out.end_us)
-        if out.oom is not None or layout is None or ran >= RUN_ITERATIONS:
-            break
-        resident_next = engine.resident_left()
-        plan = _with_fallbacks(plan, engine.fell_back, fallback)
-        now = (memory.layout(), len(plan.actions))
-        if now == layout:
-            converged = True
-            break
-        layout, resident = now, resident_next
-        engine.discard()  # likewise
-        del out, engine
-    if first_iteration and out.oom is None:
-        # A measurement times iterations 4 to 13; a run that converged would repeat its last
-        # iteration until then (same layout, same plan: the same iteration)
-        if converged:
-            ends += [ends[-1]] * (RUN_ITERATIONS - ran)
-        out.timed_ends_us = ends[TIMED_FROM - 2:] or [ends[-1]]
-    if first_iteration:
-        out.notes.append("a first iteration ran before this one on the same allocator "
-                         "(its segments and fragmentation carry over)")
-        if ran > 2:
-            out.notes.append(f"iteration {ran} of the run reported: the allocator's segments "
-                             f"(or the convolutions that fell back) changed from one iteration "
-                             f"to the next until then"
-                             + (" (out of memory there)" if out.oom is not None else ""))
-    fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
-                                           if isinstance(a, Retime) and a.note == FALLBACK})
-    if fell:
-        out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without their "
-                         f"workspace, at the workspace-free algorithm's time (ops "
-                         f"{', '.join(map(str, fell[:12]))}{'...' if len(fell) > 12 else ''})")
-    return out, engine
+class _Run:
+    """A run's iterations (see run_plan), simulated on demand: the first one when
+    `first_iteration`, then steady ones until the allocator starts one as it started the one
+    before, with the same plan (the two are then equal, and so would every later one be; an
+    iteration that fell back to workspace-free convolutions changes the next one's plan), at
+    most as many as a measured run has: fragmentation that builds up over iterations ends a run
+    in a later iteration. `advance(n)` simulates up to n iterations in all and returns the
+    reported (last) iteration's output and engine; called again with a larger n it goes on
+    from there (a screening run run whole, vsim.policies.fitted.Judge)."""
+
+    def __init__(self, trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
+                 first_iteration: bool, fallback: Mapping[int, Retime] | None,
+                 host: HostModel | None, tracked: bool) -> None:
+        self.trace, self.hw, self.plan, self.memory = trace, hw, plan, memory
+        self.plan_given = plan  # (self.plan gains the workspace fallbacks of each iteration)
+        self.first_iteration, self.fallback = first_iteration, fallback
+        self.host, self.tracked = host, tracked
+        self.resident: dict[int, object] | None = None
+        # The host clock's issue times, computed once per run: its later iterations' plans
+        # differ only by workspace fallbacks (retimes), which cost the host nothing (hostclock).
+        self.clock: HostClock | None = None
+        self.layout: object = None
+        self.ran = 0
+        self.ends: list[float] = []  # each steady iteration's end (iteration 2 first)
+        self.converged = False
+        self.done = False  # out of memory, settled, or one steady iteration is all there is
+        self.out: EngineOutput | None = None
+        self.engine: Engine | None = None
+        self._steady: Engine | None = None  # the last steady iteration, its state not carried
+        self._engine_notes: list[str] = []
+
+    def advance(self, iterations: int) -> tuple[EngineOutput, Engine]:
+        if self.done and self.ran == 1:  # out of memory in the first iteration
+            assert self.out is not None and self.engine is not None
+            return self.out, self.engine
+        if self.ran == 0 and self.first_iteration:
+            first = Engine(self.trace, self.hw, self.plan, self.memory,
+                           first_use=trace_prep(self.trace).first_use(),
+                           fallback=self.fallback, host=self.host, tracked=self.tracked)
+            out = first.run()
+            self.ran = 1
+            if out.oom is not None:
+                out.notes.append("out of memory in the first iteration, which creates momentum "
+                                 "and cuBLAS workspaces at first use (the steady iteration not "
+                                 "run)")
+                self.out, self.engine, self.done = out, first, True
+                return out, first
+            self.resident = first.resident_left()
+            self.clock = first.clock
+            self.plan = _with_fallbacks(self.plan, first.fell_back, self.fallback)
+            # Not reported: its log goes before the next iteration builds its own (discard, and
+            # no reference cycle holds an engine after its run: no collection needed, which
+            # cost a pass over every record made since run_plan paused the collector)
+            first.discard()
+            del first, out
+            self.layout = (self.memory.layout(), len(self.plan.actions))
+        elif self.ran == 0:
+            self.ran = 1
+        while not self.done and self.ran < iterations:
+            if self._steady is not None:  # carry the last iteration's state into the next
+                engine = self._steady
+                resident_next = engine.resident_left()
+                self.plan = _with_fallbacks(self.plan, engine.fell_back, self.fallback)
+                now = (self.memory.layout(), len(self.plan.actions))
+                if now == self.layout:
+                    self.converged = self.done = True
+                    break
+                self.layout, self.resident = now, resident_next
+                engine.discard()  # likewise
+                self._steady = None
+                del engine
+            engine = Engine(self.trace, self.hw, self.plan, self.memory,
+                            resident_blocks=self.resident, fallback=self.fallback,
+                            host=self.host, tracked=self.tracked, clock=self.clock)
+            self.clock = engine.clock
+            out = engine.run()
+            self.ran += 1
+            self.ends.append(out.end_us)
+            self.out, self.engine, self._steady = out, engine, engine
+            self._engine_notes = list(out.notes)
+            if out.oom is not None or not self.first_iteration:
+                self.done = True
+        assert self.out is not None and self.engine is not None
+        return self._reported(), self.engine
+
+    def _reported(self) -> EngineOutput:
+        """The last iteration's output with the run's notes and timed iterations (rebuilt on
+        each advance: a run gone on from a screening reports its own)."""
+        out, engine, plan, ran = self.out, self.engine, self.plan, self.ran
+        assert out is not None and engine is not None
+        out.notes = list(self._engine_notes)
+        out.iterations = ran
+        if self.first_iteration and out.oom is None:
+            # A measurement times iterations 4 to 13; a run that converged would repeat its
+            # last iteration until then (same layout, same plan: the same iteration)
+            ends = self.ends + ([self.ends[-1]] * (RUN_ITERATIONS - ran) if self.converged
+                                else [])
+            out.timed_ends_us = ends[TIMED_FROM - 2:] or [ends[-1]]
+        if self.first_iteration:
+            out.notes.append("a first iteration ran before this one on the same allocator "
+                             "(its segments and fragmentation carry over)")
+            if ran > 2:
+                out.notes.append(f"iteration {ran} of the run reported: the allocator's "
+                                 f"segments (or the convolutions that fell back) changed from "
+                                 f"one iteration to the next until then"
+                                 + (" (out of memory there)" if out.oom is not None else ""))
+        fell = sorted(set(engine.fell_back) | {a.op for a in plan.actions
+                                               if isinstance(a, Retime) and a.note == FALLBACK})
+        if fell:
+            out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without "
+                             f"their workspace, at the workspace-free algorithm's time (ops "
+                             f"{', '.join(map(str, fell[:12]))}"
+                             f"{'...' if len(fell) > 12 else ''})")
+        return out
 
 
 RUN_ITERATIONS = 13  # a measured run's iterations: 3 warm-up, 10 timed (vsim.runtime.measure)

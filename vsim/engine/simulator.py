@@ -69,6 +69,8 @@ class EngineOutput:
     # included, when the run simulated from a first iteration (vsim.engine._run_engine); empty
     # otherwise
     timed_ends_us: list[float] = field(default_factory=list)
+    # The iterations the run simulated, the first one included (its last is this one)
+    iterations: int = 1
 
 
 class Engine:
