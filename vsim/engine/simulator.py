@@ -66,7 +66,7 @@ class EngineOutput:
     end_us: float
     notes: list[str] = field(default_factory=list)
     # The ends of the iterations a measurement times (4 to 13: 3 warm-up, 10 timed), this one's
-    # included, when the run simulated from a first iteration (vsim.engine._run_engine); empty
+    # included, when the run simulated from a first iteration (vsim.engine._Run); empty
     # otherwise
     timed_ends_us: list[float] = field(default_factory=list)
     # The iterations the run simulated, the first one included (its last is this one)
