@@ -10,6 +10,7 @@ workspace or for a lower budget (`fit_by_profiling`). A subclass holds only its 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -33,22 +34,56 @@ def check(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan, capacity_by
     return report
 
 
+SCREEN_ITERATIONS = 3
+"""Iterations (the first one included) of a screening run: on the validation cases' profiling
+runs, 501 of the 551 that ran out of memory did so by the third iteration, and a run that fits
+takes up to 13."""
+
+
 class Judge:
     """`check`, memoised by plan: a planner that weighs several candidate plans (recompute
-    optimal, the escalation below) runs each distinct plan once."""
+    optimal, the escalation below) runs each distinct plan once. `screen` runs a plan for its
+    first SCREEN_ITERATIONS only (where the run_plan can: engine.planning_runner), which is all
+    a run that runs out of memory early needs."""
 
     def __init__(self, run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int
                  ) -> None:
         self.run_plan, self.trace, self.hw, self.capacity = run_plan, trace, hw, capacity_bytes
         self._seen: dict[Plan, dict[str, Any]] = {}
+        # screened runs that fit so far, with the way to go on (SimResult.resume)
+        self._screened: dict[Plan, tuple[dict[str, Any], Callable[[], Any] | None]] = {}
         self.runs = 0
 
     def __call__(self, plan: Plan) -> dict[str, Any]:
         key = dataclasses.replace(plan, notes=())
         if key not in self._seen:
-            self.runs += 1
-            self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
+            resume = self._screened.pop(key, (None, None))[1]
+            if resume is not None:  # its screening run, gone on
+                self._seen[key] = resume().report
+            else:
+                self.runs += 1
+                self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
         return self._seen[key]
+
+    def screen(self, plan: Plan) -> dict[str, Any]:
+        """The report of a run of `plan`'s first SCREEN_ITERATIONS: out of memory there is the
+        whole run's verdict, and so is fitting where the run settled within them; a run that
+        fits them and goes on says only that. The whole run's report where there is one."""
+        key = dataclasses.replace(plan, notes=())
+        if key in self._seen:
+            return self._seen[key]
+        if key not in self._screened:
+            screen = getattr(self.run_plan, "screen", None)
+            if screen is None:
+                return self(plan)
+            self.runs += 1
+            result = screen(self.trace, self.hw, plan, self.capacity, SCREEN_ITERATIONS)
+            report: dict[str, Any] = result.report
+            if result.resume is None:
+                self._seen[key] = report  # the whole run's verdict: settled, or out of memory
+                return report
+            self._screened[key] = (report, result.resume)
+        return self._screened[key][0]
 
     def floor(self, plan: Plan) -> float:
         """A lower bound on the time `self(plan)` reports (plan.iteration_floor; 0 if none)."""
@@ -71,6 +106,10 @@ ESCALATION_STEPS = 7
 ESCALATION_LADDER = 7
 """Budgets tried (evenly between 0 and the last budget tried) when the plan for budget 0 does
 not fit either."""
+SCREENED_LADDER = 2 * ESCALATION_LADDER + 1
+"""The same on screening runs, which cost less: twice as dense, every budget of the other
+among them (plans fit only in narrow windows of the budget, gpt2 fp32 hybrid at 0.6 of its
+peak between 2.05 and 2.53 GiB of 8.3)."""
 
 
 def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
@@ -83,16 +122,18 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     fall back when a workspace allocation fails); otherwise for a budget lowered by what the
     failed request lacked (at least 1% of the capacity).
 
-    When `tries` such runs find nothing that fits, escalate: the policy's plan for budget 0 (as
-    much eviction as its own rules allow); if even that does not fit, the policy cannot fit by
-    its own rules and the first plan is returned with a note saying so (`escalate` False: no
-    escalation, the first plan with a note); otherwise a bisection
-    over the budget between 0 and the last budget tried (a lower budget evicts more) returns
-    the plan for the highest budget found to fit. When the plan for budget 0 does not fit,
-    ESCALATION_LADDER budgets evenly between 0 and the last budget tried are tried, highest
-    first, before giving up; the bisection then starts from the first that fits. Every run is
-    judged as the run the plan is for will be (`check`). Deterministic. Returns the plan and
-    notes."""
+    When `tries` such runs find nothing that fits, escalate (`escalate` False: the first plan,
+    with a note): a search over the budget (`_escalate`: the policy's plan for budget 0, the
+    most eviction its own rules allow; if that does not fit, a ladder of SCREENED_LADDER
+    budgets up to the last one tried; then a bisection from the highest that fits) on
+    screening runs (Judge.screen). Of the plans that pass, the fastest is run whole; if it runs
+    out of memory later on, a bisection over those below it, then the rest, fastest first; the
+    fastest that fits whole is returned. If all of them run out of memory later on, the first
+    budget down a ladder below the lowest of them that fits whole; then the search of the
+    escalation on whole runs (ESCALATION_LADDER budgets); if nothing fits there either, the
+    policy cannot fit by its own rules and the first plan is returned with a note saying so.
+    Every run is judged as the run the plan is for will be (`check`). Deterministic. Returns
+    the plan and notes."""
     judge = run_plan if isinstance(run_plan, Judge) else \
         Judge(run_plan, trace, hw, capacity_bytes)
     budget = capacity_bytes
@@ -127,30 +168,107 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     runs = judge.runs
     if not escalate:
         return first, [f"no plan found that fits {capacity_bytes} B in {runs} profiling run(s)"]
-    # Escalation: the most eviction the policy's rules allow, then bisection over the budget.
-    top = max(1, min(budget, capacity_bytes))
+    top = whole_top = max(1, min(budget, capacity_bytes))
+    # Escalation, screened first: the budgets a search over the budget passes through mostly run
+    # out of memory in their first iterations, or fit, and a whole run of one that fits costs
+    # four times its screening (SCREEN_ITERATIONS). Of the plans that pass their screening,
+    # the fastest goes on to a whole run (the highest budget is not always the fastest:
+    # vDNN++'s prefetches); the whole run of a screening goes on from where it stopped.
+    found = _escalate(judge.screen, build, forced, top, SCREENED_LADDER)
+    if found is None:  # no plan passes even its screening: none fits (out of memory is final)
+        return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
+                       f"neither its plan with the most eviction (planned for 0 B) nor those "
+                       f"for {SCREENED_LADDER} budgets between it and {format_size(top)} fit "
+                       f"({judge.runs} profiling run(s)); this is the plan for the full "
+                       f"capacity"]
+    cands = sorted(found, key=lambda c: c[0])
+    # The fastest first; when it runs out of memory in a later iteration (fragmentation that
+    # builds up near the budget where plans stop fitting), a bisection over the candidates
+    # below it for the highest that fits whole (about log2 of them run whole).
+    hi = min(range(len(cands)), key=lambda i: (
+        judge.screen(cands[i][1])["iteration_time_us"], -cands[i][0]))
+    lo, fitting = -1, []
+    tried = [cands[hi][1]]
+    if judge(cands[hi][1])["fits"]:
+        fitting.append(cands[hi])
+    else:
+        top = min(top, cands[hi][0])
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            tried.append(cands[mid][1])
+            if judge(cands[mid][1])["fits"]:
+                lo = mid
+                fitting.append(cands[mid])
+            else:
+                hi = mid
+                top = min(top, cands[mid][0])
+    if not fitting:  # not monotone in the budget: the others, the fastest first
+        for c in sorted((c for c in cands if c[1] not in tried),
+                        key=lambda c: (judge.screen(c[1])["iteration_time_us"], -c[0])):
+            if judge(c[1])["fits"]:
+                fitting.append(c)
+                break
+            top = min(top, c[0])
+    if fitting:
+        budget, best = min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
+        return best, [f"planned for {budget} B (more eviction) after {runs} profiling run(s) "
+                      f"did not fit: the fastest that fit whole of the {len(cands)} plan(s) a "
+                      f"screened search over the budget found ({judge.runs} run(s) in all)"]
+    # Every one ran out of memory later on: plans fail late over a band of budgets. Down a
+    # ladder below the lowest of them, the first that fits whole (no bisection back toward
+    # the band).
+    for step in range(SCREENED_LADDER, -1, -1):
+        budget = top * step // (SCREENED_LADDER + 1)
+        p = build(budget, forced)
+        if judge.screen(p)["fits"] and judge(p)["fits"]:
+            return p, [f"planned for {budget} B (more eviction) after {runs} profiling run(s) "
+                       f"did not fit: the first that fit whole down a ladder below "
+                       f"{format_size(top)}, where {len(cands)} plan(s) of a screened search "
+                       f"over the budget ran out of memory in later iterations "
+                       f"({judge.runs} run(s) in all)"]
+    # Every plan that passed its screening ran out of memory later on (rare): the search on
+    # whole runs, over the whole range (those already run are not run again).
+    found = _escalate(judge, build, forced, whole_top)
+    if found is None:
+        return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
+                       f"no plan of a search over the budget fits ({judge.runs} profiling "
+                       f"run(s)); this is the plan for the full capacity"]
+    lo, best = min(found, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
+    return best, [f"planned for {lo} B (more eviction) after {runs} profiling run(s) did not "
+                  f"fit: the fastest of the {len(found)} plan(s) a search over the budget on "
+                  f"whole runs found to fit ({judge.runs} run(s) in all)"]
+
+
+def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
+              forced: frozenset[int], top: int, ladder: int = ESCALATION_LADDER
+              ) -> list[tuple[int, Plan]] | None:
+    """The plans (with their budgets) that `judge` finds to fit on the way: the policy's plan
+    for budget 0 (the most eviction its own rules allow); if that does not fit, a ladder of
+    ESCALATION_LADDER budgets evenly between 0 and `top`, highest first; from the first that
+    fits, a bisection over the budget up to `top` (a lower budget evicts more). None: no plan
+    on the ladder fits."""
+    found: list[tuple[int, Plan]] = []
     most = build(0, forced)
-    lo, hi, best = 0, top, most
-    if not judge(most)["fits"]:
+    lo, hi = 0, top
+    if judge(most)["fits"]:
+        found.append((0, most))
+    else:
         # The plan for budget 0 is not always the likeliest to fit: a planner may fall back
         # below some budget (recompute optimal's DP to sqrt), and the caching allocator's
         # fragmentation or prefetches issued early can sink the plan with the most eviction
         # while a milder one fits (gpt2-medium, 2048 tokens at 24 GiB: the DP's plans for
         # 0.6..0.85 of the capacity fit, for 0 and 0.9 not). A ladder of budgets, highest
         # first, finds a budget that fits; the bisection then climbs from it.
-        for step in range(ESCALATION_LADDER, 0, -1):
-            mid = top * step // (ESCALATION_LADDER + 1)
+        for step in range(ladder, 0, -1):
+            mid = top * step // (ladder + 1)
             p = build(mid, forced)
             if judge(p)["fits"]:
-                lo, best = mid, p
+                lo = mid
+                found.append((mid, p))
                 break
             hi = mid
         else:
-            return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
-                           f"neither its plan with the most eviction (planned for 0 B) nor those "
-                           f"for {ESCALATION_LADDER} budgets between it and {format_size(top)} fit "
-                           f"({judge.runs} profiling run(s)); this is the plan for the full "
-                           f"capacity"]
+            return None
     # Down to 1/2**ESCALATION_STEPS of the range: from a rung of the ladder, 4 steps.
     resolution = max(1, top >> ESCALATION_STEPS)
     for _ in range(ESCALATION_STEPS):
@@ -159,11 +277,11 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
             break
         p = build(mid, forced)
         if judge(p)["fits"]:
-            lo, best = mid, p
+            lo = mid
+            found.append((mid, p))
         else:
             hi = mid
-    return best, [f"planned for {lo} B (more eviction) after {runs} profiling run(s) did not "
-                  f"fit, by bisection over the budget ({judge.runs} run(s) in all)"]
+    return found
 
 
 @dataclass(frozen=True)
