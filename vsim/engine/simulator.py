@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import simpy
 
@@ -75,6 +76,10 @@ class EngineOutput:
 
 class Engine:
     """One simulation. Build it, call run() once."""
+
+    # Blocks an op allocates and frees before its own outputs (op -> bytes), which the trace
+    # merged into its one workspace: a what-if (tools/dgrad_workspace_whatif.py); none here.
+    transient_before: ClassVar[Mapping[int, int]] = MappingProxyType({})
 
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
                  first_use: dict[int, list[int]] | None = None,
@@ -302,6 +307,7 @@ class Engine:
         queue = env._queue  # noqa: SLF001  (SimPy's event heap: (time, priority, id, event))
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
         sync_cap = self.sync_at_capacity
+        transient_before = self.transient_before
         wait_for_memory = self.plan.wait_for_memory and not sync_cap
         would_hit = self.allocator.would_hit
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
@@ -373,6 +379,8 @@ class Engine:
             wait_start = env._now  # noqa: SLF001
             if transfers.limbo:
                 transfers.process_events(clock.ready_us(oid))  # type: ignore[union-attr]
+            if transient_before and oid in transient_before:
+                self._transient(transient_before[oid])
             if wait_for_memory or acted:
                 # _allocate_outputs' common case written out (each output served at once, no
                 # wait), the rest from the first output that is not
@@ -453,6 +461,13 @@ class Engine:
             completed.add(oid)
             if oid in done:
                 done[oid].succeed()
+
+    def _transient(self, size: int) -> None:
+        """A block allocated and freed at once (transient_before): what it leaves is the
+        allocator's state, a segment it opened; one that cannot be had is skipped."""
+        block = self.allocator.malloc(size)
+        if block is not None:
+            self.allocator.free(block)
 
     def _reads_ready(self, op: Op, recomputes: Sequence[Recompute] = ()) -> list[simpy.Event]:
         """Events the op must wait for so that everything it reads is on the GPU.
