@@ -543,31 +543,26 @@ def test_a_run_is_not_settled_while_its_plan_gains_fallbacks():
     assert "iteration 4 of the run reported" in notes
 
 
-def test_a_transient_block_before_an_op_leaves_its_segment(monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
-    """Engine.transient_before (tools/dgrad_workspace_whatif.py): a block allocated and freed
-    before an op's outputs stays cached in a segment of its own when nothing cached fits it:
-    on vgg16-b128 with no policy, each backward convolution first taking its forward
-    convolution's workspace opens segments the model did not open (PyTorch's history opens
-    them too: validation/allocator/h100/vgg16-b128)."""
+def test_a_backward_convolution_first_takes_its_data_gradient_workspace() -> None:
+    """run_plan's dgrad_workspace: a block allocated and freed before each backward
+    convolution (about its forward's workspace) stays cached in a segment of its own when
+    nothing cached fits it: on vgg16-b128 with no policy it opens segments the model did not
+    open before (PyTorch's history opens them too: validation/allocator/h100/vgg16-b128)."""
     from pathlib import Path
 
-    from vsim.engine.simulator import Engine
+    from vsim.engine import run_plan
+    from vsim.engine.prep import trace_prep
     from vsim.hardware import load_hardware
-    from vsim.policies import make_policy
 
     t = load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16-b128-h100.vsim.json.gz")
     hw = load_hardware("h100-sxm")
-    before = simulate(t, hw, make_policy("none"), make_allocator("caching"), None).report
-    tensors = t.tensor_by_id()
-    fwd = {o.layer: max((tensors[w].size_bytes for w in o.writes
-                         if tensors[w].kind == "workspace"), default=0)
-           for o in t.ops if o.layer_type == "conv" and o.phase == "fwd"}
-    extra = {o.id: fwd[o.layer] for o in t.ops
-             if o.layer_type == "conv" and o.phase == "bwd" and fwd.get(o.layer)}
-    monkeypatch.setattr(Engine, "transient_before", extra)
-    after = simulate(t, hw, make_policy("none"), make_allocator("caching"), None).report
-    assert after["peak_reserved_bytes"] > before["peak_reserved_bytes"] + 400 * 2**20
+    assert len(trace_prep(t).dgrad_workspaces()) == 12  # 13 convolutions, the first has none
+    off, on, default = (run_plan(t, hw, Plan(), make_allocator("caching"), None,
+                                 dgrad_workspace=flag).report for flag in (False, True, None))
+    assert on["peak_reserved_bytes"] > off["peak_reserved_bytes"] + 400 * 2**20
+    assert default == on  # on with PyTorch's allocator
     # nothing held: allocated moves only by the blocks' rounding (an unsplit block is whole)
-    assert after["peak_allocated_bytes"] == pytest.approx(before["peak_allocated_bytes"],
-                                                          rel=1e-3)
+    assert on["peak_allocated_bytes"] == pytest.approx(off["peak_allocated_bytes"], rel=1e-3)
+    exact = run_plan(t, hw, Plan(), make_allocator("exact"), None).report
+    assert exact == run_plan(t, hw, Plan(), make_allocator("exact"), None,
+                             dgrad_workspace=False).report  # off with the others

@@ -211,7 +211,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
              capacity_bytes: int | None = None, *, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              tracked: bool | None = None, label: str = "plan",
-             tracker: str | None = None, iterations: int | None = None) -> SimResult:
+             tracker: str | None = None, iterations: int | None = None,
+             dgrad_workspace: bool | None = None) -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -244,6 +245,12 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     builds. Planning profiling runs use the same tracker (planning_runner), so that a plan is
     judged under the host costs it runs with.
 
+    `dgrad_workspace`: a backward convolution first allocates and frees its data-gradient
+    kernel's workspace, about its forward convolution's (TracePrep.dgrad_workspaces), which the
+    trace merged into its one workspace: the block it leaves cached is the fragmentation
+    PyTorch's allocator shows. Default: on with an allocator that models PyTorch's, as
+    `first_iteration`.
+
     `iterations`: at most this many iterations, the first one included (default: as many as a
     measured run has, RUN_ITERATIONS, stopping earlier once the allocator's layout repeats). A
     run cut short this way that did not run out of memory says only that its first
@@ -263,7 +270,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     host = _host_model(trace, hw, host_time, tracker)
     if tracked is None:
         tracked = bool(plan.actions)
-    run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked)
+    if dgrad_workspace is None:
+        dgrad_workspace = allocator.pytorch_runtime
+    transients = trace_prep(trace).dgrad_workspaces() if dgrad_workspace else None
+    run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked, transients)
     return _advance(run, RUN_ITERATIONS if iterations is None else iterations, label, allocator,
                     capacity)
 
@@ -336,8 +346,10 @@ class _Run:
 
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                  first_iteration: bool, fallback: Mapping[int, Retime] | None,
-                 host: HostModel | None, tracked: bool) -> None:
+                 host: HostModel | None, tracked: bool,
+                 transients: Mapping[int, int] | None = None) -> None:
         self.trace, self.hw, self.plan, self.memory = trace, hw, plan, memory
+        self.transients = transients
         self.plan_given = plan  # (self.plan gains the workspace fallbacks of each iteration)
         self.first_iteration, self.fallback = first_iteration, fallback
         self.host, self.tracked = host, tracked
@@ -362,7 +374,8 @@ class _Run:
         if self.ran == 0 and self.first_iteration:
             first = Engine(self.trace, self.hw, self.plan, self.memory,
                            first_use=trace_prep(self.trace).first_use(),
-                           fallback=self.fallback, host=self.host, tracked=self.tracked)
+                           fallback=self.fallback, host=self.host, tracked=self.tracked,
+                           transients=self.transients)
             out = first.run()
             self.ran = 1
             if out.oom is not None:
@@ -397,7 +410,8 @@ class _Run:
                 del engine
             engine = Engine(self.trace, self.hw, self.plan, self.memory,
                             resident_blocks=self.resident, fallback=self.fallback,
-                            host=self.host, tracked=self.tracked, clock=self.clock)
+                            host=self.host, tracked=self.tracked, clock=self.clock,
+                            transients=self.transients)
             self.clock = engine.clock
             out = engine.run()
             self.ran += 1

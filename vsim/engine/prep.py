@@ -60,6 +60,29 @@ class TracePrep:
         self.streams = streams
         self.waited: tuple[int, ...] = tuple(waited)
         self._first_use: dict[int, list[int]] | None = None
+        self._dgrad: dict[int, int] | None = None
+
+    def dgrad_workspaces(self) -> dict[int, int]:
+        """Per backward convolution with a workspace, its forward convolution's workspace bytes
+        (the same layer): cuDNN runs the data-gradient kernel, then the weight-gradient one,
+        each with its own workspace, and the first is about the forward's (the same tensors,
+        transposed the same way), while the trace merged the two into one at its peak
+        (vsim/trace/importers/build.py). PyTorch's histories show the first one in 11 of
+        vgg16-b128's 12 backward convolutions (docs/design.md, allocator models)."""
+        if self._dgrad is None:
+            tensors = self.tensors
+
+            def workspace(op: Op) -> int:
+                return max((tensors[t].size_bytes for t in op.writes
+                            if tensors[t].kind == "workspace"), default=0)
+
+            ops = self.ops.values()
+            forward = {o.layer: workspace(o) for o in ops
+                       if o.layer_type == "conv" and o.phase == "fwd" and o.layer}
+            self._dgrad = {o.id: forward[o.layer] for o in ops
+                           if o.layer_type == "conv" and o.phase == "bwd"
+                           and forward.get(o.layer) and workspace(o) > 0}
+        return self._dgrad
 
     def first_use(self) -> dict[int, list[int]]:
         """vsim.allocator.first_use.first_use_residents of the trace (built on first call)."""

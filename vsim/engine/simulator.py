@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
 import simpy
 
@@ -77,16 +76,13 @@ class EngineOutput:
 class Engine:
     """One simulation. Build it, call run() once."""
 
-    # Blocks an op allocates and frees before its own outputs (op -> bytes), which the trace
-    # merged into its one workspace: a what-if (tools/dgrad_workspace_whatif.py); none here.
-    transient_before: ClassVar[Mapping[int, int]] = MappingProxyType({})
-
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, allocator: Allocator, *,
                  first_use: dict[int, list[int]] | None = None,
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
                  host: HostModel | None = None, tracked: bool = False,
-                 clock: HostClock | None = None) -> None:
+                 clock: HostClock | None = None,
+                 transients: Mapping[int, int] | None = None) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -94,7 +90,8 @@ class Engine:
         PyTorch falls back to another cuDNN engine (ops that did: `fell_back`). `host`: the
         host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone.
         `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
-        issue times are reused), instead of building one from `host`."""
+        issue times are reused), instead of building one from `host`. `transients`: per op,
+        a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -145,6 +142,10 @@ class Engine:
         # and retry (release_cached_blocks): the copies' blocks come back before the cache is
         # freed. Plan.wait_for_memory is that, not a wait of the runtime's own (vsim.runtime).
         self.sync_at_capacity = events
+        # Blocks an op allocates and frees before its own outputs (op -> bytes), which the
+        # trace merged into its one workspace: a backward convolution's data-gradient
+        # workspace (TracePrep.dgrad_workspaces)
+        self.transient_before: Mapping[int, int] = transients or {}
 
     # ------------------------------------------------------------ setup
 
