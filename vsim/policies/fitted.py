@@ -182,38 +182,13 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
                        f"({judge.runs} profiling run(s)); this is the plan for the full "
                        f"capacity"]
     cands = sorted(found, key=lambda c: c[0])
-    # The fastest first; when it runs out of memory in a later iteration (fragmentation that
-    # builds up near the budget where plans stop fitting), a bisection over the candidates
-    # below it for the highest that fits whole (about log2 of them run whole).
-    hi = min(range(len(cands)), key=lambda i: (
-        judge.screen(cands[i][1])["iteration_time_us"], -cands[i][0]))
-    lo, fitting = -1, []
-    tried = [cands[hi][1]]
-    if judge(cands[hi][1])["fits"]:
-        fitting.append(cands[hi])
-    else:
-        top = min(top, cands[hi][0])
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            tried.append(cands[mid][1])
-            if judge(cands[mid][1])["fits"]:
-                lo = mid
-                fitting.append(cands[mid])
-            else:
-                hi = mid
-                top = min(top, cands[mid][0])
-    if not fitting:  # not monotone in the budget: the others, the fastest first
-        for c in sorted((c for c in cands if c[1] not in tried),
-                        key=lambda c: (judge.screen(c[1])["iteration_time_us"], -c[0])):
-            if judge(c[1])["fits"]:
-                fitting.append(c)
-                break
-            top = min(top, c[0])
-    if fitting:
-        budget, best = min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
+    best_fit, failed_at = _fastest_whole(judge, cands)
+    if best_fit is not None:
+        budget, best = best_fit
         return best, [f"planned for {budget} B (more eviction) after {runs} profiling run(s) "
                       f"did not fit: the fastest that fit whole of the {len(cands)} plan(s) a "
                       f"screened search over the budget found ({judge.runs} run(s) in all)"]
+    top = min(top, failed_at)
     # Every one ran out of memory later on: plans fail late over a band of budgets. Down a
     # ladder below the lowest of them, the first that fits whole (no bisection back toward
     # the band).
@@ -237,6 +212,45 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     return best, [f"planned for {lo} B (more eviction) after {runs} profiling run(s) did not "
                   f"fit: the fastest of the {len(found)} plan(s) a search over the budget on "
                   f"whole runs found to fit ({judge.runs} run(s) in all)"]
+
+
+def _fastest_whole(judge: Judge, cands: list[tuple[int, Plan]]
+                   ) -> tuple[tuple[int, Plan] | None, int]:
+    """Of candidates (budget, plan) that passed their screening, in budget order, the fastest
+    that fits whole, and the lowest budget of those run whole that did not. The fastest first;
+    when it runs out of memory in a later iteration (fragmentation that builds up near the
+    budget where plans stop fitting), a bisection over the candidates below it for the highest
+    that fits whole (about log2 of them run whole); if none does (fitting is not monotone in
+    the budget), the others, the fastest first, until one fits."""
+    def screened_us(c: tuple[int, Plan]) -> tuple[float, int]:
+        return float(judge.screen(c[1])["iteration_time_us"]), -c[0]
+
+    failed_at = cands[-1][0]
+    hi = min(range(len(cands)), key=lambda i: screened_us(cands[i]))
+    lo, fitting = -1, []
+    tried = [cands[hi][1]]
+    if judge(cands[hi][1])["fits"]:
+        fitting.append(cands[hi])
+    else:
+        failed_at = min(failed_at, cands[hi][0])
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            tried.append(cands[mid][1])
+            if judge(cands[mid][1])["fits"]:
+                lo = mid
+                fitting.append(cands[mid])
+            else:
+                hi = mid
+                failed_at = min(failed_at, cands[mid][0])
+    if not fitting:
+        for c in sorted((c for c in cands if c[1] not in tried), key=screened_us):
+            if judge(c[1])["fits"]:
+                fitting.append(c)
+                break
+            failed_at = min(failed_at, c[0])
+    if not fitting:
+        return None, failed_at
+    return min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0])), failed_at
 
 
 def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
