@@ -154,3 +154,22 @@ def test_judge_goes_on_from_the_screening_and_memoises() -> None:
     early = _build(800, frozenset())
     assert not judge.screen(early)["fits"] and not judge(early)["fits"]
     assert land.screened == [400, 600, 800] and land.whole == [400, 600]
+
+
+def test_the_escalation_tries_the_other_candidates_where_fitting_is_not_monotone() -> None:
+    # Everything up to 700 passes its screening; only budgets from 480 to 500 fit whole. The
+    # fastest candidate (696) fails, the bisection below it (612, then 0) finds nothing, so
+    # the others run whole, fastest first (688, 673), until 490 fits.
+    trace = load_trace(TRACES / "alexnet-b128-h100.vsim.json.gz")
+
+    class Window(Landscape):
+        def _whole(self, budget: int) -> _Result:
+            self.whole.append(budget)
+            fits = 480 <= budget <= 500
+            return _Result(self._report(budget, fits), 13 if fits else self.late_at)
+
+    land = Window(fits_to=-1, late_to=700)
+    plan, notes = fit_by_profiling(land, trace, HW, 1000, _build, tries=2)
+    assert sorted(b for b in set(land.screened) if b <= 700) == [0, 490, 612, 673, 688, 696]
+    assert land.whole[2:] == [696, 612, 0, 688, 673, 490]
+    assert plan.actions[0].op == 490 and "the fastest that fit whole" in notes[0]
