@@ -162,15 +162,13 @@ class _PlanningRunner:
                  capacity_bytes: int | None = None) -> SimResult:
         if allocator is not None:
             return run_plan(trace, hw, plan, allocator, capacity_bytes)
-        return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
-                        first_iteration=self.first_iteration,
-                        workspace_fallback=self.workspace_fallback, host_time=self.host_time,
-                        tracked=self.tracked, tracker=self.tracker)
+        return self.screen(trace, hw, plan, capacity_bytes, None)
 
-    def screen(self, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int,
-               iterations: int) -> SimResult:
-        """A profiling run cut short after `iterations` (run_plan's): out of memory there is
-        out of memory in the run; fitting there says only that its first iterations fit."""
+    def screen(self, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int | None,
+               iterations: int | None) -> SimResult:
+        """A profiling run cut short after `iterations` (run_plan's; None: the whole run): out
+        of memory there is out of memory in the run; fitting there says only that its first
+        iterations fit."""
         return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
                         first_iteration=self.first_iteration,
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,

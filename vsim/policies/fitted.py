@@ -208,7 +208,7 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
         return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
                        f"no plan of a search over the budget fits ({judge.runs} profiling "
                        f"run(s)); this is the plan for the full capacity"]
-    lo, best = min(found, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
+    lo, best = _fastest(judge, found)
     return best, [f"planned for {lo} B (more eviction) after {runs} profiling run(s) did not "
                   f"fit: the fastest of the {len(found)} plan(s) a search over the budget on "
                   f"whole runs found to fit ({judge.runs} run(s) in all)"]
@@ -250,7 +250,12 @@ def _fastest_whole(judge: Judge, cands: list[tuple[int, Plan]]
             failed_at = min(failed_at, c[0])
     if not fitting:
         return None, failed_at
-    return min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0])), failed_at
+    return _fastest(judge, fitting), failed_at
+
+
+def _fastest(judge: Judge, fitting: list[tuple[int, Plan]]) -> tuple[int, Plan]:
+    """Of (budget, plan)s that fit whole, the fastest whole run; ties to the higher budget."""
+    return min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
 
 
 def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
@@ -258,7 +263,7 @@ def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
               ) -> list[tuple[int, Plan]] | None:
     """The plans (with their budgets) that `judge` finds to fit on the way: the policy's plan
     for budget 0 (the most eviction its own rules allow); if that does not fit, a ladder of
-    ESCALATION_LADDER budgets evenly between 0 and `top`, highest first; from the first that
+    `ladder` budgets evenly between 0 and `top`, highest first; from the first that
     fits, a bisection over the budget up to `top` (a lower budget evicts more). None: no plan
     on the ladder fits."""
     found: list[tuple[int, Plan]] = []
