@@ -140,3 +140,30 @@ def test_a_fresh_host_clock_shares_issue_times_not_what_a_plan_added() -> None:
     assert again.ready_us(op) == clock.ready_us(op) - 5.0 == HostClock(trace, model).ready_us(op)
     again.spend(1.0)
     assert clock.extra_us == 5.0
+
+
+def test_the_dps_rows_derived_for_more_workspaces_away_are_those_built_afresh(
+        resnet50: tuple[Any, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """recompute optimal's workspace rounds and profiling loop cost again only the segments a
+    changed algorithm reaches (Segmenter._rows_from): the rows are those a fresh view builds,
+    as convolutions go without workspace round after round and come back."""
+    from vsim.policies.recompute import Segmenter
+    trace, _ = resnet50
+    tensors = trace.tensor_by_id()
+    convs = sorted({o.id for o in trace.ops for t in o.writes
+                    if tensors[t].kind == "workspace"})
+    costed: list[int] = []
+    entry = Segmenter._row_entry
+    monkeypatch.setattr(Segmenter, "_row_entry",
+                        lambda self, *a: costed.append(id(self.view)) or entry(self, *a))
+    view = TraceView(trace)
+    for forced in [convs[:1], convs[:3], convs[:40:3], convs[:1], convs[5:60]]:
+        retimes = Attempt(trace, HW, view, 1 << 40, frozenset(forced), "auto").retimes
+        assert retimes
+        seg = Segmenter.of(view, retimes)
+        derived = seg._dp_rows(seg.base_without_saved())
+        fresh = Segmenter.of(TraceView(trace), retimes)
+        assert derived == fresh._dp_rows(fresh.base_without_saved())
+    segments = sum(len(row) for _, row in derived)
+    # each fresh view costs every segment; the one view, 5 builds, after its first only some
+    assert costed.count(id(view)) < 3 * segments

@@ -406,19 +406,59 @@ class Segmenter:
         built once per base profile (the DP runs for many budgets), in the DP's order."""
         got = self._rows.get(id(base))
         if got is None or got[0] is not base:
-            grid = [0, *self.grid]
-            rows = []
-            for j in range(1, len(grid)):
-                b = grid[j]
-                row = []
-                for a in grid[max(0, j - self.max_len):j]:
-                    c = self.cost(a, b)
-                    row.append((a, self.own_peak(a, b, base),
-                                c.kept_bytes + (0 if c.valid else c.dropped_bytes),
-                                c.recompute_us if c.valid else 0.0))
-                rows.append((b, row))
+            built: list[tuple[Segmenter, np.ndarray, list[_Row]]] = \
+                self.view.memo.setdefault("dp rows", [])
+            near = min(built, key=lambda x: len(self._changed_ops(x[0])), default=None)
+            rows = self._rows_from(*near, base) if near is not None else None
+            if rows is None:
+                rows = [(b, [self._row_entry(a, b, base) for a in cuts])
+                        for b, cuts in self._segments()]
             got = self._rows[id(base)] = (base, rows)
+            built.append((self, base, rows))
+            del built[:-4]  # (the most recent few: a profiling loop's forced sets only grow)
         return got[1]
+
+    def _changed_ops(self, other: Segmenter) -> set[int]:
+        """Ops whose retime (algorithm) differs between this Segmenter and `other`."""
+        mine = {r.op: r for r in self.retimes}
+        theirs = {r.op: r for r in other.retimes}
+        return {o for o in mine.keys() | theirs.keys() if mine.get(o) != theirs.get(o)}
+
+    def _segments(self) -> list[tuple[int, list[int]]]:
+        """The DP's segments, per cut b of the grid the starts a of those ending there."""
+        grid = [0, *self.grid]
+        return [(grid[j], grid[max(0, j - self.max_len):j]) for j in range(1, len(grid))]
+
+    def _row_entry(self, a: int, b: int, base: np.ndarray) -> tuple[int, int, int, float]:
+        c = self.cost(a, b)
+        return (a, self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
+                c.recompute_us if c.valid else 0.0)
+
+    def _rows_from(self, other: Segmenter, other_base: np.ndarray, other_rows: list[_Row],
+                   base: np.ndarray) -> list[_Row] | None:
+        """The DP's rows for `base`, from another Segmenter's of the same view (`_dp_rows` of
+        `other_base`): only the segments that recompute an op whose algorithm differs between
+        the two, or whose own slots hold bytes that differ between the bases, are costed again.
+        A profiling loop and the workspace rounds of `_optimal` each add a few convolutions
+        run without workspace: costing every segment for each (a tenth of a second on 1,000-op
+        traces) was most of recompute optimal's planning time on ResNets and DenseNets."""
+        if other is self or len(other_base) != len(base):
+            return None
+        changed = self._changed_ops(other)
+        moved = base != other_base
+        rows = []
+        for b, row in other_rows:
+            new = []
+            for entry in row:
+                a = entry[0]
+                shape = self._shape(a, b)
+                idx = self._own_profile(a, b)[0]
+                if changed.isdisjoint(shape.chain) and not moved[idx].any():
+                    new.append(entry)
+                else:
+                    new.append(self._row_entry(a, b, base))
+            rows.append((b, new))
+        return rows
 
     def base_without_saved(self) -> np.ndarray:
         if self._base is None:
@@ -443,6 +483,13 @@ DP_BUDGET_LADDER = tuple(round(1 - 0.05 * i, 2) for i in range(1, 11))
 """Fractions of the capacity (0.95 down to 0.5) for which recompute optimal also plans the DP
 and runs its plan once, as a candidate (each costs a DP: 0.1-0.2 s on resnet50; at 0.1 apart
 vgg16(256) was not monotone)."""
+
+
+LADDER_SKIPS = 3
+"""Rungs in a row whose host floor (Judge.floor) cannot beat the best plan found, after which the
+ladder stops: lower budgets recompute more, so their floors rise, though not strictly (over
+the 45 traces at 0.4, 0.6 and 0.8 of their peak, no rung after three such beat the best; one,
+googlenet at 0.6, after two)."""
 
 
 def every_k_range(n: int) -> list[int]:
@@ -518,8 +565,9 @@ class Checkpointing(FittedPolicy):
         cands += [(f"every-k k={k}", builder(dataclasses.replace(self, strategy="every-k", k=k)))
                   for k in every_k_range(n)]
         # Candidates in order of their recomputation time; one that cannot beat the best found
-        # is not run: its time unpressed plus its recomputation (retimes only slow ops down)
-        # or, for sqrt and every-k and their loops, its host issue time (judge.floor) is above.
+        # is not run: its time unpressed plus its recomputation (retimes only slow ops down),
+        # or its host issue time (judge.floor: within 0.1% of the judged time on host-bound
+        # ResNets and DenseNets, where the first bound is a third below), is above.
         plans = sorted(((recompute_us(view, p), what, b, p) for what, b in cands
                         for p in [b(capacity_bytes, frozenset())]), key=lambda c: c[0])
         # sqrt and every-k drop the same maps at every budget (only workspaces change): one
@@ -534,14 +582,13 @@ class Checkpointing(FittedPolicy):
         best: tuple[float, str, Plan] | None = None
         if keep_us is not None:
             best = (keep_us, "no recomputation", keep)
-        lows = {id(c[3]): 0.0 if c[2] is cands[0][1] else judge.floor(c[3]) for c in plans}
+        lows = {id(p): max(floor + rc_us, judge.floor(p)) for rc_us, _, _, p in plans}
 
-        def hopeless(rc_us: float, plan: Plan) -> bool:
-            low = max(floor + rc_us, lows.get(id(plan), 0.0))
+        def hopeless(low: float) -> bool:
             return best is not None and low * (1 - 1e-9) >= best[0]
 
-        for rc_us, what, _, plan in plans:
-            if hopeless(rc_us, plan):
+        for _, what, _, plan in plans:
+            if hopeless(lows[id(plan)]):
                 continue
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
@@ -551,12 +598,20 @@ class Checkpointing(FittedPolicy):
         # smaller card fits this one, but the profiling loop below, from this capacity down,
         # need not come upon it (the workspaces it downgrades accumulate along its path).
         # Without them vgg16(256) chose every-k k=2 at 18.5 GiB (402 ms) where at 15.4 GiB it
-        # found the DP's plan for 15.8 GB (273 ms at 18.5 GiB); issue 18.
+        # found the DP's plan for 15.8 GB (273 ms at 18.5 GiB); issue 18. A rung whose host
+        # floor cannot beat the best is not run, and LADDER_SKIPS of them in a row end it.
+        skipped = 0
         for f in DP_BUDGET_LADDER:
+            if skipped == LADDER_SKIPS:
+                break
             plan = cands[0][1](int(capacity_bytes * f), frozenset())
             rc_us = recompute_us(view, plan)
-            if hopeless(rc_us, plan):
+            if hopeless(floor + rc_us):
                 break
+            if hopeless(judge.floor(plan)):
+                skipped += 1
+                continue
+            skipped = 0
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
                 best = (us, f"the DP's segmentation for {f:.0%} of the capacity", plan)
@@ -566,7 +621,8 @@ class Checkpointing(FittedPolicy):
         # DP's own escalation runs below, only when nothing else fits.)
         for escalate in (False, True):
             for rc_us, what, b, plan in plans:
-                if hopeless(rc_us, plan) or judge.time_if_fits(plan) is not None or \
+                low = floor + rc_us if b is cands[0][1] else lows[id(plan)]
+                if hopeless(low) or judge.time_if_fits(plan) is not None or \
                         (escalate and b is cands[0][1]):
                     continue
                 fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)
@@ -641,10 +697,13 @@ class Checkpointing(FittedPolicy):
 
     @staticmethod
     def _cuts(seg: Segmenter, budget: int) -> list[int] | None:
-        """Optimal cuts whose static profile fits `budget` (the DP's model is tightened by the
-        excess when the profile disagrees), or None."""
+        """Optimal cuts whose static profile fits `budget`, or None. When the profile disagrees,
+        the DP's model is tightened by the excess, and by at least twice the last tightening
+        and 1/256 of the budget: tightened by a MiB at a time, the DP's thinned fronts gave
+        the same cuts six times over (resnet101 at 0.8 of its peak), and the workspace rounds
+        of `_optimal` then ran for 3 s."""
         base = seg.base_without_saved()
-        target = budget
+        target, step = budget, 0
         for _ in range(6):
             cuts = seg.optimal(target, base)
             if cuts is None:
@@ -653,5 +712,6 @@ class Checkpointing(FittedPolicy):
             peak = seg.usage(acts).peak
             if peak <= budget:
                 return cuts
-            target -= peak - budget
+            step = max(peak - budget, 2 * step, budget >> 8)
+            target -= step
         return None
