@@ -131,3 +131,17 @@ def test_console_entry_point_runs():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("vsim: error: unknown hardware")
+
+
+def test_run_draws_the_timing_where_a_plan_fits_a_capacity_that_binds(capsys):
+    wide = str(ROOT / "traces" / "wide_resnet50_2-b64-h100.vsim.json.gz")
+    args = ["run", wide, "--hw", "h100-sxm", "--memory", "5.8GiB", "--policy", "hybrid"]
+    report = run_json(capsys, *args)
+    draws = report["timing_draws"]
+    assert report["fits"] and draws["draws"] == 3 and 0 <= draws["fit"] <= 3
+    assert (draws["fit"] < 3) == any("runs under draws of the timing" in n
+                                     for n in report["notes"])
+    assert "timing_draws" not in run_json(capsys, *args, "--draws", "0")
+    assert "timing_draws" not in run_json(capsys, "run", wide, "--hw", "h100-sxm")  # no cap
+    assert main(args + ["--draws", "-1"]) == 2
+    assert "--draws must be 0 or more" in capsys.readouterr().err

@@ -205,3 +205,42 @@ def read_host_model(path: Path) -> HostModel:
                      native_us_per_call=us(executor.get("native_us_per_call", 0.0),
                                            "executor.native_us_per_call"),
                      counted_calls=counted, counted_default=counted_default)
+
+
+TIMING_DIR = HOST_DIR.parent / "timing"
+
+
+@dataclass(frozen=True)
+class TimingSpread:
+    """How much timing varies from one real training iteration to the next on a machine
+    (validation/jitter/probe_kernel_jitter.py): the standard deviation of the log of a kernel's
+    duration and of the host's issue time of a step (vsim.engine.TimingDraw)."""
+
+    kernel_sigma: float
+    host_sigma: float
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def load_timing_spread(hw_name: str, directory: Path | None = None) -> TimingSpread | None:
+    """hardware/timing/NAME.yaml for a hardware profile's name; None when not probed there.
+    HardwareError naming the file and key on a malformed one."""
+    path = (directory or TIMING_DIR) / f"{hw_name}.yaml"
+    if not path.is_file():
+        return None
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise HardwareError(f"{path}: cannot read timing spread: {exc}") from None
+    if not isinstance(doc, dict):
+        raise HardwareError(f"{path}: a timing spread is a mapping")
+
+    def sigma(key: str) -> float:
+        v = doc.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= float(v) < 1:
+            raise HardwareError(f"{path}: {key} must be a standard deviation in [0, 1), "
+                                f"got {v!r}")
+        return float(v)
+
+    prov = doc.get("provenance") or {}
+    return TimingSpread(sigma("kernel_sigma"), sigma("host_sigma"),
+                        prov if isinstance(prov, dict) else {})

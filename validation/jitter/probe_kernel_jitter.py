@@ -5,6 +5,7 @@ the same order, so the k-th kernel of each is one kernel measured 10 times. Per 
 standard deviation of the log of its duration (sigma), and per iteration the GPU's busy time.
 
     python validation/jitter/probe_kernel_jitter.py OUT.json [MODEL:BATCH ...]
+    python validation/jitter/probe_kernel_jitter.py --spread OUT.json > hardware/timing/HW.yaml
 
 Writes per model: kernels, iterations, sigma quantiles (unweighted and weighted by duration),
 the busy time per iteration, with provenance (device, driver, torch, date, command).
@@ -89,7 +90,27 @@ def probe(name: str, batch: int) -> dict:
             "iteration_sigma": round(statistics.pstdev([math.log(v) for v in whole]), 5)}
 
 
+def spread(path: str) -> str:
+    """The timing spread the engine draws from (hardware/timing/NAME.yaml), from a probe's
+    result: over its models, the median of each model's time-weighted median kernel sigma,
+    and the median of each model's sigma of the host's issue time of a step."""
+    doc = json.load(open(path))
+    kernel = statistics.median(m["sigma_weighted_by_time"]["p50"] for m in doc["models"])
+    host = statistics.median(statistics.pstdev([math.log(v) for v in m["host_issue_us"]])
+                             for m in doc["models"])
+    prov = doc["provenance"]
+    return (f"# from {path}: python validation/jitter/probe_kernel_jitter.py --spread {path}\n"
+            f"kernel_sigma: {kernel:.5f}\nhost_sigma: {host:.4f}\nprovenance:\n"
+            f"  device: {prov['device']}\n  driver: {prov['driver']}\n"
+            f"  torch: {prov['torch']}\n  date: '{prov['date']}'\n"
+            f"  command: {prov['command']}\n"
+            f"  models: [{', '.join(m['model'] for m in doc['models'])}]\n")
+
+
 def main() -> int:
+    if sys.argv[1] == "--spread":
+        print(spread(sys.argv[2]), end="")
+        return 0
     out = sys.argv[1]
     models = sys.argv[2:] or MODELS
     rows = []

@@ -50,6 +50,12 @@ def add_run_inspect_list(verbs: Any) -> None:
                    "offload, prefetch, free and recomputed op; hardware/host/NAME.yaml's "
                    "executor section), as the measured runs pay them; --no-runtime-cost "
                    "predicts an ideal (C++) runtime that pays none (default: on)")
+    p.add_argument("--draws", type=int, default=3, metavar="N", help="where a policy's plan "
+                   "fits a capacity that binds, run it N more times, each under a draw of the "
+                   "timing variation measured between real iterations on the machine "
+                   "(hardware/timing/; PyTorch's allocators only), and say how many fit: a "
+                   "plan that fits by a hair in one timeline can run out of memory in another "
+                   "(default: 3; 0: none)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (an array "
                    "when several policies are given)")
     p.add_argument("--verbose", action="store_true", help="also print compute, stall and "
@@ -161,6 +167,8 @@ def _run(args: argparse.Namespace) -> int:
                   [args.trace, *spec_files([args.hw, args.allocator, *specs])])
     # Parse every input before simulating anything, so bad input fails fast and writes nothing.
     capacity = parse_capacity(args.memory)
+    if args.draws < 0:
+        raise ConfigError(f"--draws must be 0 or more, got {args.draws}")
     if args.set and ":" in args.hw:
         raise ConfigError("--hw NAME:KEY=RATE and --set both change the profile: give the "
                           "link's rates as --set link.bandwidth=... (or h2d/d2h keys) instead")
@@ -195,7 +203,8 @@ def _run(args: argparse.Namespace) -> int:
         report["baseline_iteration_time_us"] = base_us
         report["slowdown"] = (report["iteration_time_us"] / base_us
                               if report["fits"] and base_us else None)
-        report["notes"] = [*report["notes"], *notes]
+        report["notes"] = [*report["notes"], *notes, *_drawn(args, trace, hw, allocator,
+                                                               capacity, r, report)]
         reports.append(report)
     # every output computed and written to temporaries first, renamed together at the end
     with StagedOutputs() as staged:
@@ -209,6 +218,30 @@ def _run(args: argparse.Namespace) -> int:
     print(text)
     leave_for_exit(trace, prep, results)  # freed by the system at exit (a 1M-op trace: 0.7 s)
     return 0
+
+
+def _drawn(args: argparse.Namespace, trace: Any, hw: Any, allocator: Any, capacity: int | None,
+           result: Any, report: dict[str, Any]) -> list[str]:
+    """`--draws`: the run's plan under draws of the timing variation (engine.timing_draws),
+    where it fits a capacity that binds; adds report["timing_draws"], returns a note when some
+    draw ran out of memory."""
+    from ..engine import timing_draws
+    if not args.draws or not report["fits"] or not result.capacity_bound:
+        return []
+    drawn = timing_draws(trace, hw, result.plan, allocator, capacity, args.draws,
+                         first_iteration=args.first_iteration,
+                         workspace_fallback=args.workspace_fallback,
+                         tracked=False if args.runtime_cost is False else None)
+    if drawn is None:
+        return []
+    fit = sum(bool(d.report["fits"]) for d in drawn)
+    report["timing_draws"] = {"draws": len(drawn), "fit": fit}
+    if fit == len(drawn):
+        return []
+    return [f"fits the recorded timing, but {fit} of {len(drawn)} runs under draws of the "
+            f"timing variation measured between real iterations do "
+            f"({'likely' if 2 * fit > len(drawn) else 'unlikely'} to fit a real run: near the "
+            f"capacity, which blocks the allocator reuses follows the timing)"]
 
 
 _DETAILS: list[tuple[str, str, Callable[[Any], str]]] = [

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import gc
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +26,7 @@ from ..allocator import make_allocator
 from ..allocator.base import Allocator, AllocatorSpec
 from ..errors import ConfigError
 from ..hardware import Hardware
-from ..host import HostModel, load_host_model
+from ..host import HostModel, load_host_model, load_timing_spread
 from ..plan import Plan, PlanIndex, Planner, Retime, RunPlan
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
@@ -210,7 +211,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              tracked: bool | None = None, label: str = "plan",
              tracker: str | None = None, iterations: int | None = None,
-             dgrad_workspace: bool | None = None) -> SimResult:
+             dgrad_workspace: bool | None = None, draw: TimingDraw | None = None) -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -253,6 +254,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     measured run has, RUN_ITERATIONS, stopping earlier once the allocator's layout repeats). A
     run cut short this way that did not run out of memory says only that its first
     `iterations` fit: a screening run (vsim.policies.fitted.Judge.screen).
+
+    `draw`: the run's iterations under one draw of the timing variation measured between real
+    iterations (TimingDraw; all of them run, none alike); None: the recorded timing.
     """
     capacity = _capacity(hw, capacity_bytes)
     if iterations is not None and iterations < 2:
@@ -271,7 +275,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     if dgrad_workspace is None:
         dgrad_workspace = allocator.pytorch_runtime
     transients = trace_prep(trace).dgrad_workspaces() if dgrad_workspace else None
-    run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked, transients)
+    run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked, transients,
+               draw)
     return _advance(run, RUN_ITERATIONS if iterations is None else iterations, label, allocator,
                     capacity)
 
@@ -295,6 +300,26 @@ def _advance(run: _Run, iterations: int, label: str, allocator: AllocatorSpec, c
     if not run.done and run.ran < RUN_ITERATIONS:
         result.resume = lambda: _advance(run, RUN_ITERATIONS, label, allocator, capacity)
     return result
+
+
+TIMING_DRAWS = 3
+"""Timing draws `timing_draws` runs: a real run is one draw, and the verdict the model gives
+for it is what most draws give."""
+
+
+def timing_draws(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
+                 capacity_bytes: int | None = None, draws: int = TIMING_DRAWS,
+                 **options: Any) -> list[SimResult] | None:
+    """`plan` run `draws` times (run_plan with `options`), each under its own draw of the timing
+    variation measured between real iterations on `hw`'s machine (TimingDraw, seeds 1 to
+    `draws`). None where no spread was measured for `hw` (hardware/timing/) or the allocator
+    is not PyTorch's (whose block reuse follows the timing: the others' does not)."""
+    spread = load_timing_spread(hw.name)
+    if spread is None or not allocator.pytorch_runtime:
+        return None
+    return [run_plan(trace, hw, plan, allocator, capacity_bytes,
+                     draw=TimingDraw(seed, spread.kernel_sigma, spread.host_sigma), **options)
+            for seed in range(1, draws + 1)]
 
 
 def _capacity(hw: Hardware, capacity_bytes: int | None) -> int:
@@ -332,6 +357,22 @@ class _WorkspaceFree(Mapping[int, Retime]):
         return len(self._table)
 
 
+@dataclasses.dataclass(frozen=True)
+class TimingDraw:
+    """One draw of the timing variation between a real run's iterations (run_plan's `draw`):
+    each iteration, every op's duration times exp(N(0, kernel_sigma)) and the host's issue
+    times times exp(N(0, host_sigma)), from a generator seeded with `seed`. The spreads are
+    measured (vsim.host.load_timing_spread: validation/jitter/): kernels vary by well under 1%,
+    the host's issue time of a step by 3-17% from one iteration to the next. Which blocks the
+    caching allocator hands out follows the order in which the host allocates and the GPU
+    finishes the copies and kernels whose blocks are freed: a plan that fits by a hair in the
+    model's one timeline can run out of memory in another (issue 15)."""
+
+    seed: int
+    kernel_sigma: float
+    host_sigma: float
+
+
 class _Run:
     """A run's iterations (see run_plan), simulated on demand: the first one when
     `first_iteration`, then steady ones until the allocator starts one as it started the one
@@ -345,8 +386,11 @@ class _Run:
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, memory: Allocator,
                  first_iteration: bool, fallback: Mapping[int, Retime] | None,
                  host: HostModel | None, tracked: bool,
-                 transients: Mapping[int, int] | None = None) -> None:
+                 transients: Mapping[int, int] | None = None,
+                 draw: TimingDraw | None = None) -> None:
         self.trace, self.hw, self.plan, self.memory = trace, hw, plan, memory
+        self.draw = draw
+        self.rng = random.Random(draw.seed) if draw is not None else None
         self.transients = transients
         self.plan_given = plan  # (self.plan gains the workspace fallbacks of each iteration)
         self.first_iteration, self.fallback = first_iteration, fallback
@@ -373,7 +417,7 @@ class _Run:
             first = Engine(self.trace, self.hw, self.plan, self.memory,
                            first_use=trace_prep(self.trace).first_use(),
                            fallback=self.fallback, host=self.host, tracked=self.tracked,
-                           transients=self.transients)
+                           transients=self.transients, **self._drawn())
             out = first.run()
             self.ran = 1
             if out.oom is not None:
@@ -399,7 +443,7 @@ class _Run:
                 resident_next = engine.resident_left()
                 self.plan = _with_fallbacks(self.plan, engine.fell_back, self.fallback)
                 now = (self.memory.layout(), len(self.plan.actions))
-                if now == self.layout:
+                if now == self.layout and self.draw is None:  # (drawn: no two alike)
                     self.converged = self.done = True
                     break
                 self.layout, self.resident = now, resident_next
@@ -409,7 +453,7 @@ class _Run:
             engine = Engine(self.trace, self.hw, self.plan, self.memory,
                             resident_blocks=self.resident, fallback=self.fallback,
                             host=self.host, tracked=self.tracked, clock=self.clock,
-                            transients=self.transients)
+                            transients=self.transients, **self._drawn())
             self.clock = engine.clock
             out = engine.run()
             self.ran += 1
@@ -420,6 +464,14 @@ class _Run:
                 self.done = True
         assert self.out is not None and self.engine is not None
         return self._reported(), self.engine
+
+    def _drawn(self) -> dict[str, Any]:
+        """The next iteration's Engine arguments of the timing draw (none without one)."""
+        if self.draw is None or self.rng is None:
+            return {}
+        gauss, k = self.rng.gauss, self.draw.kernel_sigma
+        return {"scale": {op.id: math.exp(gauss(0.0, k)) for op in self.trace.ops},
+                "host_scale": math.exp(gauss(0.0, self.draw.host_sigma))}
 
     def _reported(self) -> EngineOutput:
         """The last iteration's output with the run's notes and timed iterations (rebuilt on

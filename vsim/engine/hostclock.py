@@ -104,14 +104,19 @@ class HostClock:
                 runtime += per_call * model.counted(op)
             self.issue[op.id] = clock + runtime
             runtime += after
+        self.unscaled = self.issue  # the issue times at the host's usual speed
         self.extra_us = 0.0  # host time the plan added so far
 
-    def fresh(self) -> HostClock:
+    def fresh(self, scale: float = 1.0) -> HostClock:
         """The same clock at the start of another iteration of the same plan (nothing the plan
-        added yet), sharing the issue times (an O(ops) pass per iteration otherwise)."""
+        added yet), sharing the issue times (an O(ops) pass per iteration otherwise); `scale`:
+        a host that issues this iteration `scale` times as slowly (a timing draw,
+        vsim.engine.TimingDraw)."""
         clock = HostClock.__new__(HostClock)
         clock.__dict__.update(self.__dict__)
         clock.extra_us = 0.0
+        if scale != 1.0:
+            clock.issue = {o: t * scale for o, t in self.unscaled.items()}
         return clock
 
     def ready_us(self, op: int) -> float:

@@ -82,7 +82,8 @@ class Engine:
                  fallback: Mapping[int, Retime] | None = None,
                  host: HostModel | None = None, tracked: bool = False,
                  clock: HostClock | None = None,
-                 transients: Mapping[int, int] | None = None) -> None:
+                 transients: Mapping[int, int] | None = None,
+                 scale: Mapping[int, float] | None = None, host_scale: float = 1.0) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -91,7 +92,9 @@ class Engine:
         host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone.
         `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
         issue times are reused), instead of building one from `host`. `transients`: per op,
-        a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`)."""
+        a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
+        `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
+        duration as a multiple of the recorded one; the host's issue times, likewise."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -128,8 +131,11 @@ class Engine:
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
-        self.clock = clock.fresh() if clock is not None else \
-            None if host is None else HostClock(trace, host, tracked, self.index)
+        self.clock = clock.fresh(host_scale) if clock is not None else \
+            None if host is None else HostClock(trace, host, tracked, self.index).fresh(host_scale)
+        # A timing draw's (vsim.engine.TimingDraw): each op's duration this iteration, as a
+        # multiple of its recorded one; None: as recorded.
+        self.scale = scale
         self.allocator = allocator
         allocator.driver_calls.clear()  # a previous iteration's were charged there
         # PyTorch's allocator sees a freed block's stream event pass only at a malloc, in host
@@ -321,6 +327,7 @@ class Engine:
         # Transfers.awaiting_release, read per op without a property call (the two tables are
         # changed in place, never replaced)
         release_at_end, releasing = transfers._release_at_end, transfers._releasing  # noqa: SLF001
+        scaled = self.scale is not None
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
@@ -429,7 +436,7 @@ class Engine:
                 churn_start = env.now
                 yield from self._driver_calls(oid)
                 stall += env.now - churn_start
-            dur = self._duration(op) if acted or transfers.in_flight else op.dur_us
+            dur = self._duration(op) if acted or transfers.in_flight or scaled else op.dur_us
             start = env._now  # noqa: SLF001
             if dur > 0:
                 then = start + dur  # fast-forward, as above
@@ -586,6 +593,8 @@ class Engine:
     def _duration(self, op: Op) -> float:
         retime = self.retime.get(op.id)
         dur = retime.dur_us if retime is not None else op.dur_us
+        if self.scale is not None:
+            dur *= self.scale.get(op.id, 1.0)
         # Copies take DRAM bandwidth from compute (vDNN Sec. 5: at most link/DRAM bandwidth).
         if self.transfers.in_flight and self.hw.copy_interference:
             dur *= 1.0 + self.hw.copy_interference
