@@ -103,10 +103,11 @@ def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
     log axes (the cases span two orders of magnitude; equal relative errors lie equally far
     from the identity), with the identity line and the cases' usual tolerance as a band; in
     each panel the cases outside that panel's own tolerance in red (a time miss does not colour
-    the peak panel)."""
+    the peak panel); a third panel, the fit verdicts against the real runs (_plot_verdicts)."""
     from .validate import metric_ok
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+    _plot_verdicts(axes[2], rows)
     for ax, key, metric, scale, unit, label in (
             (axes[0], "iteration_time_us", "iteration_time", 1e3, "ms", "iteration time"),
             (axes[1], "peak_allocated_bytes", "peak_allocated", GIB, "GiB", "peak allocated")):
@@ -143,6 +144,49 @@ def plot_validation(rows: list[dict[str, Any]], path: str) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     _save(fig, path)
+
+
+def _plot_verdicts(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Whether each case fits, predicted against measured: the cases grouped by how many of
+    their timing draws fit (vsim.engine.timing_draws; those out of memory in the recorded
+    timing, and those run without draws, apart), each bar the share of its real runs that fit:
+    a verdict is trustworthy where that share is near 0 or 1."""
+    groups = ["out of memory\nas recorded", "0 of 3\ndraws fit", "1 of 3", "2 of 3",
+              "3 of 3", "fits, no\ndraws"]
+    fit = [0] * len(groups)
+    runs = [0] * len(groups)
+    for r in rows:
+        if r["predicted"].get("fits") is None:
+            continue
+        drawn = r["predicted"].get("timing_draws")
+        if drawn is not None and drawn.get("draws") == 3:
+            g = 1 + int(drawn["fit"])
+        else:
+            g = 5 if r["predicted"]["fits"] else 0
+        runs[g] += 1
+        fit[g] += bool(r["measured"]["fits"])
+    shown = [i for i in range(len(groups)) if runs[i]]
+    share = [fit[i] / runs[i] for i in shown]
+    # coloured by the verdict: most draws out of memory (or the recorded timing) is a
+    # prediction of out of memory, whose bar should be near 0; the others near 1
+    predicted_fit = [i >= 3 for i in shown]
+    bars = ax.bar(range(len(shown)), share,
+                  color=["#4c72b0" if f else "#d62728" for f in predicted_fit])
+    ax.legend([bars[predicted_fit.index(v)] for v in (True, False) if v in predicted_fit],
+              [label for v, label in ((True, "predicted: fits"),
+                                      (False, "predicted: out of memory"))
+               if v in predicted_fit], fontsize=8, loc="upper left")
+    for j, i in enumerate(shown):
+        ax.text(j, share[j] + 0.02, f"{fit[i]}/{runs[i]}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(shown)), [groups[i] for i in shown], fontsize=8)
+    ax.set_ylim(0, 1.12)
+    ax.axhline(0.5, color="gray", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("share of the real runs that fit")
+    right = sum(r["predicted"]["fits"] == bool(r["measured"]["fits"]) for r in rows
+                if r["predicted"].get("fits") is not None)
+    ax.set_title(f"fits: {right} of {sum(runs)} verdicts right")
+    ax.grid(alpha=0.3, axis="y")
 
 
 # ------------------------------------------------------------------ sweeps
