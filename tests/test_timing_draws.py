@@ -74,9 +74,25 @@ def test_a_malformed_timing_spread_names_its_file_and_key(tmp_path: Path) -> Non
 
 def test_validate_gives_the_verdict_most_draws_give() -> None:
     from vsim.validate import load_cases, run_case
-    yaml = ROOT / "validation" / "cases" / "wide_resnet50_2-b64-hybrid-5p8g.yaml"
+    yaml = ROOT / "validation" / "cases" / "mobilenet_v2-b128-hybrid-7p6g.yaml"
     case = load_cases([str(yaml)])[0]
     row = run_case(case)
     draws = row["predicted"]["timing_draws"]
     assert draws["draws"] == 3
     assert row["predicted"]["fits"] == (2 * draws["fit"] > 3)
+
+
+def test_simulate_plans_with_a_margin_when_most_draws_run_out_of_memory() -> None:
+    """wide_resnet50_2 hybrid at 5.8 GiB: its plan fits the recorded timing and 1 of 3 draws;
+    the plan for 3% less fits all 3, and is the result, with a note."""
+    from vsim.engine import simulate
+    trace = load_trace(ROOT / "traces" / "wide_resnet50_2-b64-h100.vsim.json.gz")
+    cap = int(5.8 * 2**30)
+    plain = simulate(trace, HW, make_policy("hybrid"), CACHING, cap)
+    drawn = simulate(trace, HW, make_policy("hybrid"), CACHING, cap, draws=3)
+    assert plain.draws is None and plain.report["fits"]
+    assert drawn.draws == (3, 3) and drawn.plan != plain.plan
+    assert drawn.report["timing_draws"]["margin"] == 0.03
+    assert any("3% below the capacity" in n for n in drawn.report["notes"])
+    one = timing_draws(trace, HW, plain.plan, CACHING, cap)
+    assert one is not None and sum(d.report["fits"] for d in one) <= 1

@@ -270,7 +270,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
              runtime_cost: bool | None = None) -> dict[str, Any]:
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .allocator import make_allocator
-    from .engine import simulate, timing_draws
+    from .engine import TIMING_DRAWS, simulate
     from .engine.simulator import PlanError
     from .hardware import load_hardware
     from .plan import plan_digest
@@ -287,7 +287,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                           case.memory_bytes, first_iteration, workspace_fallback,
                           runtime_cost=runtime_cost, tracker=measured_tracker(measured),
-                          plan_tracker="native")  # as vsim's runtime plans (Session._plan)
+                          plan_tracker="native",  # as vsim's runtime plans (Session._plan)
+                          draws=TIMING_DRAWS)
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
@@ -298,18 +299,12 @@ def run_case(case: Case, first_iteration: bool | None = None,
     predicted = {k: report[k] for k in keys}
     # a measurement reports the median of its timed iterations (4 to 13); so does this
     predicted["iteration_time_us"] = report["timed_iteration_time_us"]
-    if predicted["fits"]:
+    if result.draws is not None:
         # One real run is one draw of the timing that varies between its iterations: it fits
         # when most draws do (engine.timing_draws; times and peaks stay the recorded timing's)
-        drawn = timing_draws(trace, hw, result.plan, make_allocator(case.allocator),
-                             case.memory_bytes, first_iteration=first_iteration,
-                             workspace_fallback=workspace_fallback,
-                             tracked=False if runtime_cost is False else None,
-                             tracker=measured_tracker(measured))
-        if drawn is not None:
-            fit = sum(bool(d.report["fits"]) for d in drawn)
-            predicted["timing_draws"] = {"draws": len(drawn), "fit": fit}
-            predicted["fits"] = 2 * fit > len(drawn)
+        fit, n = result.draws
+        predicted["timing_draws"] = {"draws": n, "fit": fit}
+        predicted["fits"] = bool(predicted["fits"]) and 2 * fit > n
     measured_plan = measured.get("plan")
     measured_digest = measured_plan.get("digest") if isinstance(measured_plan, dict) else None
     error: dict[str, float | None] = {}

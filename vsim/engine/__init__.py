@@ -58,6 +58,8 @@ class SimResult:
         self.plan_seconds = 0.0
         self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
+        # simulate's timing draws (how many fit, of how many); None: not run
+        self.draws: tuple[int, int] | None = None
         self._inputs = (trace, hw, policy, allocator, capacity, out)
 
     @functools.cached_property
@@ -111,25 +113,77 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              runtime_cost: bool | None = None, tracker: str | None = None,
-             plan_tracker: str | None = None) -> SimResult:
+             plan_tracker: str | None = None, draws: int = 0) -> SimResult:
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
     at hand for its profiling runs. `runtime_cost` False: the plan is carried out by an ideal
     runtime that pays none of vsim's runtime's own host costs (run_plan's `tracked` False);
     default: vsim's runtime, as measured. `tracker`: see run_plan. `plan_tracker`: the tracker
     the profiling runs assume where it is not the run's (vsim's runtime plans for its native
-    tracker, also when the run then falls back to the Python one); None: the run's."""
+    tracker, also when the run then falls back to the Python one); None: the run's.
+
+    `draws`: where the plan fits a capacity that binds, run it under that many timing draws
+    (timing_draws; the result's `draws`: how many fit, of how many); when most run out of
+    memory, the policy's plan for a lower budget that most draws fit, if one of a few does
+    (`_with_margin`), is the result."""
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
     started = time.process_time()
-    plan = policy.plan_with(trace, hw, capacity, planning_runner(
-        allocator, first_iteration=first_iteration, workspace_fallback=workspace_fallback,
-        host_time=host_time, tracked=tracked,
-        tracker=tracker if plan_tracker is None else plan_tracker))
-    planned = time.process_time() - started
-    result = run_plan(trace, hw, plan, allocator, capacity, first_iteration=first_iteration,
-                      workspace_fallback=workspace_fallback, host_time=host_time,
-                      tracked=tracked, label=policy.spec(), tracker=tracker)
-    result.plan_seconds = planned
+    runner = planning_runner(allocator, first_iteration=first_iteration,
+                             workspace_fallback=workspace_fallback, host_time=host_time,
+                             tracked=tracked,
+                             tracker=tracker if plan_tracker is None else plan_tracker)
+    options: dict[str, Any] = {"first_iteration": first_iteration,
+                               "workspace_fallback": workspace_fallback,
+                               "host_time": host_time, "tracked": tracked, "tracker": tracker}
+    plan = policy.plan_with(trace, hw, capacity, runner)
+    result = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
+    if draws and result.report["fits"] and result.capacity_bound and plan.actions:
+        result = _with_margin(trace, hw, policy, allocator, capacity, draws, runner, result,
+                              options)
+    result.plan_seconds = time.process_time() - started
+    return result
+
+
+MARGIN_STEP = 0.03
+"""simulate's search for a plan that most timing draws fit: the policy plans for the capacity
+less 3%, 6%, ... (at most MARGIN_STEPS steps), each run at the full capacity."""
+MARGIN_STEPS = 5
+
+
+def _with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
+                 capacity: int, draws: int, runner: RunPlan, result: SimResult,
+                 options: dict[str, Any]) -> SimResult:
+    """`result` with its timing draws (SimResult.draws); when most of them run out of memory,
+    the run of the policy's plan for the first of a few lower budgets that most draws fit, if
+    any (it fits by a margin the measured timing variation needs; the notes say so)."""
+    def fits_drawn(plan: Plan) -> int | None:
+        drawn = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
+        return None if drawn is None else sum(bool(d.report["fits"]) for d in drawn)
+
+    fit = fits_drawn(result.plan)
+    if fit is None:
+        return result
+    result.draws = (fit, draws)
+    result.report["timing_draws"] = {"draws": draws, "fit": fit}
+    if 2 * fit > draws:
+        return result
+    for step in range(1, MARGIN_STEPS + 1):
+        budget = int(capacity * (1 - MARGIN_STEP * step))
+        plan = policy.plan_with(trace, hw, budget, runner)
+        again = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
+        if not again.report["fits"]:
+            continue
+        got = fits_drawn(plan)
+        if got is not None and 2 * got > draws:
+            again.draws = (got, draws)
+            again.report["timing_draws"] = {"draws": draws, "fit": got,
+                                            "margin": round(MARGIN_STEP * step, 2)}
+            again.report["notes"].append(
+                f"planned for {format_size(budget)}, {MARGIN_STEP * step:.0%} below the "
+                f"capacity: the plan for the capacity fit the recorded timing but only {fit} "
+                f"of {draws} runs under draws of the timing variation measured between real "
+                f"iterations did; {got} of {draws} of this one do")
+            return again
     return result
 
 
