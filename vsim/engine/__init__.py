@@ -26,17 +26,19 @@ from ..allocator import make_allocator
 from ..allocator.base import Allocator, AllocatorSpec
 from ..errors import ConfigError
 from ..hardware import Hardware
-from ..host import HostModel, load_host_model, load_timing_spread
+from ..host import HostModel, load_host_model
 from ..plan import Plan, PlanIndex, Planner, Retime, RunPlan
 from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import floor
+from .draws import TIMING_DRAWS, TimingDraw, timing_draws, with_margin
 from .hostclock import HostClock
 from .prep import trace_prep
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
 
-__all__ = ["PlanError", "SimResult", "planning_runner", "run_plan", "simulate"]
+__all__ = ["TIMING_DRAWS", "PlanError", "SimResult", "TimingDraw", "planning_runner", "run_plan",
+           "simulate", "timing_draws"]
 
 
 class SimResult:
@@ -124,7 +126,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     `draws`: where the plan fits a capacity that binds, run it under that many timing draws
     (timing_draws; the result's `draws`: how many fit, of how many); when most run out of
     memory, the policy's plan for a lower budget that most draws fit, if one of a few does
-    (`_with_margin`), is the result."""
+    (draws.with_margin), is the result."""
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
     started = time.process_time()
@@ -138,52 +140,9 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     plan = policy.plan_with(trace, hw, capacity, runner)
     result = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
     if draws and result.report["fits"] and result.capacity_bound and plan.actions:
-        result = _with_margin(trace, hw, policy, allocator, capacity, draws, runner, result,
-                              options)
+        result = with_margin(trace, hw, policy, allocator, capacity, draws, runner, result,
+                             options)
     result.plan_seconds = time.process_time() - started
-    return result
-
-
-MARGIN_STEP = 0.03
-"""simulate's search for a plan that most timing draws fit: the policy plans for the capacity
-less 3%, 6%, ... (at most MARGIN_STEPS steps), each run at the full capacity."""
-MARGIN_STEPS = 5
-
-
-def _with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
-                 capacity: int, draws: int, runner: RunPlan, result: SimResult,
-                 options: dict[str, Any]) -> SimResult:
-    """`result` with its timing draws (SimResult.draws); when most of them run out of memory,
-    the run of the policy's plan for the first of a few lower budgets that most draws fit, if
-    any (it fits by a margin the measured timing variation needs; the notes say so)."""
-    def fits_drawn(plan: Plan) -> int | None:
-        drawn = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
-        return None if drawn is None else sum(bool(d.report["fits"]) for d in drawn)
-
-    fit = fits_drawn(result.plan)
-    if fit is None:
-        return result
-    result.draws = (fit, draws)
-    result.report["timing_draws"] = {"draws": draws, "fit": fit}
-    if 2 * fit > draws:
-        return result
-    for step in range(1, MARGIN_STEPS + 1):
-        budget = int(capacity * (1 - MARGIN_STEP * step))
-        plan = policy.plan_with(trace, hw, budget, runner)
-        again = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
-        if not again.report["fits"]:
-            continue
-        got = fits_drawn(plan)
-        if got is not None and 2 * got > draws:
-            again.draws = (got, draws)
-            again.report["timing_draws"] = {"draws": draws, "fit": got,
-                                            "margin": round(MARGIN_STEP * step, 2)}
-            again.report["notes"].append(
-                f"planned for {format_size(budget)}, {MARGIN_STEP * step:.0%} below the "
-                f"capacity: the plan for the capacity fit the recorded timing but only {fit} "
-                f"of {draws} runs under draws of the timing variation measured between real "
-                f"iterations did; {got} of {draws} of this one do")
-            return again
     return result
 
 
@@ -356,26 +315,6 @@ def _advance(run: _Run, iterations: int, label: str, allocator: AllocatorSpec, c
     return result
 
 
-TIMING_DRAWS = 3
-"""Timing draws `timing_draws` runs: a real run is one draw, and the verdict the model gives
-for it is what most draws give."""
-
-
-def timing_draws(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec,
-                 capacity_bytes: int | None = None, draws: int = TIMING_DRAWS,
-                 **options: Any) -> list[SimResult] | None:
-    """`plan` run `draws` times (run_plan with `options`), each under its own draw of the timing
-    variation measured between real iterations on `hw`'s machine (TimingDraw, seeds 1 to
-    `draws`). None where no spread was measured for `hw` (hardware/timing/) or the allocator
-    is not PyTorch's (whose block reuse follows the timing: the others' does not)."""
-    spread = load_timing_spread(hw.name)
-    if spread is None or not allocator.pytorch_runtime:
-        return None
-    return [run_plan(trace, hw, plan, allocator, capacity_bytes,
-                     draw=TimingDraw(seed, spread.kernel_sigma, spread.host_sigma), **options)
-            for seed in range(1, draws + 1)]
-
-
 def _capacity(hw: Hardware, capacity_bytes: int | None) -> int:
     capacity = hw.capacity_bytes if capacity_bytes is None else capacity_bytes
     if capacity <= 0:
@@ -409,22 +348,6 @@ class _WorkspaceFree(Mapping[int, Retime]):
 
     def __len__(self) -> int:
         return len(self._table)
-
-
-@dataclasses.dataclass(frozen=True)
-class TimingDraw:
-    """One draw of the timing variation between a real run's iterations (run_plan's `draw`):
-    each iteration, every op's duration times exp(N(0, kernel_sigma)) and the host's issue
-    times times exp(N(0, host_sigma)), from a generator seeded with `seed`. The spreads are
-    measured (vsim.host.load_timing_spread: validation/jitter/): kernels vary by well under 1%,
-    the host's issue time of a step by 3-17% from one iteration to the next. Which blocks the
-    caching allocator hands out follows the order in which the host allocates and the GPU
-    finishes the copies and kernels whose blocks are freed: a plan that fits by a hair in the
-    model's one timeline can run out of memory in another (issue 15)."""
-
-    seed: int
-    kernel_sigma: float
-    host_sigma: float
 
 
 class _Run:
