@@ -126,14 +126,20 @@ def load_host_model(hw_name: str, directory: Path | None = None) -> HostModel | 
     return _LOADED[key]
 
 
-def read_host_model(path: Path) -> HostModel:
-    """HardwareError naming the file and key on a malformed file."""
+def _mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds one mapping; HardwareError naming the file otherwise."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise HardwareError(f"{path}: cannot read host model: {exc}") from None
+        raise HardwareError(f"{path}: cannot read {what}: {exc}") from None
     if not isinstance(doc, dict):
-        raise HardwareError(f"{path}: a host model is a mapping")
+        raise HardwareError(f"{path}: a {what} is a mapping")
+    return doc
+
+
+def read_host_model(path: Path) -> HostModel:
+    """HardwareError naming the file and key on a malformed file."""
+    doc = _mapping(path, "host model")
 
     def us(value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -227,12 +233,7 @@ def load_timing_spread(hw_name: str, directory: Path | None = None) -> TimingSpr
     path = (directory or TIMING_DIR) / f"{hw_name}.yaml"
     if not path.is_file():
         return None
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise HardwareError(f"{path}: cannot read timing spread: {exc}") from None
-    if not isinstance(doc, dict):
-        raise HardwareError(f"{path}: a timing spread is a mapping")
+    doc = _mapping(path, "timing spread")
 
     def sigma(key: str) -> float:
         v = doc.get(key)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from vsim.record.hostprobe import probe_host
+from vsim.record.recorder import driver_version
 
 MODELS = ["resnet50", "densenet121", "mobilenet_v2", "vgg16", "wide_resnet50_2", "vit_b_16",
           "efficientnet_b0", "gpt2"]
@@ -115,8 +116,8 @@ def main() -> int:
     torch.backends.cudnn.benchmark = False
     results = {"provenance": {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "driver": _driver(), "cpu": platform.processor() or
-        platform.machine(), "python": platform.python_version(),
+        "cuda": torch.version.cuda, "driver": driver_version() or "unknown",
+        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
         "host_probe": probe_host(device)}, "models": {}}
     for name in args.models.split(","):
@@ -160,15 +161,6 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     return 0
-
-
-def _driver() -> str:
-    try:
-        import subprocess
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from vsim.record.recorder import driver_version
 from vsim.record.zoo import build_model
 
 MODELS = ["resnet50:64", "densenet121:64", "vgg16:64", "mobilenet_v2:128", "gpt2-encoder:8",
@@ -123,22 +124,14 @@ def main() -> int:
     doc = {"probe": "kernel duration jitter across iterations", "models": rows,
            "provenance": {"device": p.name, "torch": torch.__version__,
                           "cuda": torch.version.cuda,
-                          "driver": _driver(), "date": datetime.datetime.now(datetime.timezone.utc)
+                          "driver": driver_version() or "unknown",
+                          "date": datetime.datetime.now(datetime.timezone.utc)
                           .strftime("%Y-%m-%dT%H:%M:%SZ"),
                           "command": "python validation/jitter/probe_kernel_jitter.py " +
                           " ".join(sys.argv[1:])}}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     return 0
-
-
-def _driver() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 if __name__ == "__main__":
