@@ -299,10 +299,10 @@ def run_case(case: Case, first_iteration: bool | None = None,
     predicted = {k: report[k] for k in keys}
     # a measurement reports the median of its timed iterations (4 to 13); so does this
     predicted["iteration_time_us"] = report["timed_iteration_time_us"]
-    if result.draws is not None:
+    if "timing_draws" in report:
         # One real run is one draw of the timing that varies between its iterations: it fits
         # when most draws do (engine.timing_draws; times and peaks stay the recorded timing's)
-        fit, n = result.draws
+        fit, n = report["timing_draws"]["fit"], report["timing_draws"]["draws"]
         predicted["timing_draws"] = {"draws": n, "fit": fit}
         predicted["fits"] = bool(predicted["fits"]) and 2 * fit > n
     measured_plan = measured.get("plan")

@@ -205,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         report["baseline_iteration_time_us"] = base_us
         report["slowdown"] = (report["iteration_time_us"] / base_us
                               if report["fits"] and base_us else None)
-        report["notes"] = [*report["notes"], *notes, *_drawn(r)]
+        report["notes"] = [*report["notes"], *notes]
         reports.append(report)
     # every output computed and written to temporaries first, renamed together at the end
     with StagedOutputs() as staged:
@@ -219,17 +219,6 @@ def _run(args: argparse.Namespace) -> int:
     print(text)
     leave_for_exit(trace, prep, results)  # freed by the system at exit (a 1M-op trace: 0.7 s)
     return 0
-
-
-def _drawn(result: Any) -> list[str]:
-    """A note when some of the run's timing draws (simulate's `draws`) ran out of memory."""
-    if result.draws is None or result.draws[0] == result.draws[1]:
-        return []
-    fit, n = result.draws
-    return [f"fits the recorded timing, but {fit} of {n} runs under draws of the timing "
-            f"variation measured between real iterations do "
-            f"({'likely' if 2 * fit > n else 'unlikely'} to fit a real run: near the capacity, "
-            f"which blocks the allocator reuses follows the timing)"]
 
 
 _DETAILS: list[tuple[str, str, Callable[[Any], str]]] = [

@@ -60,8 +60,6 @@ class SimResult:
         self.plan_seconds = 0.0
         self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
-        # simulate's timing draws (how many fit, of how many); None: not run
-        self.draws: tuple[int, int] | None = None
         self._inputs = (trace, hw, policy, allocator, capacity, out)
 
     @functools.cached_property
@@ -124,7 +122,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     tracker, also when the run then falls back to the Python one); None: the run's.
 
     `draws`: where the plan fits a capacity that binds, run it under that many timing draws
-    (timing_draws; the result's `draws`: how many fit, of how many); when most run out of
+    (timing_draws; the report's `timing_draws`: how many fit, of how many); when most run out of
     memory, the policy's plan for a lower budget that most draws fit, if one of a few does
     (draws.with_margin), is the result."""
     capacity = _capacity(hw, capacity_bytes)

@@ -70,24 +70,33 @@ MARGIN_STEPS = 5
 
 
 def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
-                 capacity: int, draws: int, runner: RunPlan, result: SimResult,
-                 options: dict[str, Any]) -> SimResult:
-    """`result` with its timing draws (SimResult.draws); when most of them run out of memory,
-    the run of the policy's plan for the first of a few lower budgets that most draws fit, if
-    any (it fits by a margin the measured timing variation needs; the notes say so)."""
+                capacity: int, draws: int, runner: RunPlan, result: SimResult,
+                options: dict[str, Any]) -> SimResult:
+    """`result` with its timing draws (its report's `timing_draws`: how many fit, of how many);
+    when most of them run out of memory, the run of the policy's plan for the first of a few
+    lower budgets that most draws fit, if any (it fits by a margin the measured timing
+    variation needs; the notes say so). A note says when some draw of the result ran out."""
     from . import run_plan
 
     def fits_drawn(plan: Plan) -> int | None:
         drawn = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
         return None if drawn is None else sum(bool(d.report["fits"]) for d in drawn)
 
+    def drawn(res: SimResult, fit: int, **more: Any) -> SimResult:
+        res.report["timing_draws"] = {"draws": draws, "fit": fit, **more}
+        if fit < draws:
+            res.report["notes"].append(
+                f"fits the recorded timing, but {fit} of {draws} runs under draws of the timing "
+                f"variation measured between real iterations do "
+                f"({'likely' if 2 * fit > draws else 'unlikely'} to fit a real run: near the "
+                f"capacity, which blocks the allocator reuses follows the timing)")
+        return res
+
     fit = fits_drawn(result.plan)
     if fit is None:
         return result
-    result.draws = (fit, draws)
-    result.report["timing_draws"] = {"draws": draws, "fit": fit}
     if 2 * fit > draws:
-        return result
+        return drawn(result, fit)
     for step in range(1, MARGIN_STEPS + 1):
         budget = int(capacity * (1 - MARGIN_STEP * step))
         plan = policy.plan_with(trace, hw, budget, runner)
@@ -96,13 +105,10 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
             continue
         got = fits_drawn(plan)
         if got is not None and 2 * got > draws:
-            again.draws = (got, draws)
-            again.report["timing_draws"] = {"draws": draws, "fit": got,
-                                            "margin": round(MARGIN_STEP * step, 2)}
             again.report["notes"].append(
                 f"planned for {format_size(budget)}, {MARGIN_STEP * step:.0%} below the "
                 f"capacity: the plan for the capacity fit the recorded timing but only {fit} "
                 f"of {draws} runs under draws of the timing variation measured between real "
                 f"iterations did; {got} of {draws} of this one do")
-            return again
-    return result
+            return drawn(again, got, margin=round(MARGIN_STEP * step, 2))
+    return drawn(result, fit)
