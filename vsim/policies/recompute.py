@@ -408,7 +408,8 @@ class Segmenter:
         if got is None or got[0] is not base:
             built: list[tuple[Segmenter, np.ndarray, list[_Row]]] = \
                 self.view.memo.setdefault("dp rows", [])
-            near = min(built, key=lambda x: len(self._changed_ops(x[0])), default=None)
+            near = min(((self._changed_ops(seg), seg, b, r) for seg, b, r in built),
+                       key=lambda x: len(x[0]), default=None)
             rows = self._rows_from(*near, base) if near is not None else None
             if rows is None:
                 rows = [(b, [self._row_entry(a, b, base) for a in cuts])
@@ -434,17 +435,17 @@ class Segmenter:
         return (a, self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
                 c.recompute_us if c.valid else 0.0)
 
-    def _rows_from(self, other: Segmenter, other_base: np.ndarray, other_rows: list[_Row],
-                   base: np.ndarray) -> list[_Row] | None:
+    def _rows_from(self, changed: set[int], other: Segmenter, other_base: np.ndarray,
+                   other_rows: list[_Row], base: np.ndarray) -> list[_Row] | None:
         """The DP's rows for `base`, from another Segmenter's of the same view (`_dp_rows` of
-        `other_base`): only the segments that recompute an op whose algorithm differs between
-        the two, or whose own slots hold bytes that differ between the bases, are costed again.
+        `other_base`; `changed`: _changed_ops(other)): only the segments that recompute a
+        changed op, or whose own slots hold bytes that differ between the bases, are costed
+        again.
         A profiling loop and the workspace rounds of `_optimal` each add a few convolutions
         run without workspace: costing every segment for each (a tenth of a second on 1,000-op
         traces) was most of recompute optimal's planning time on ResNets and DenseNets."""
         if other is self or len(other_base) != len(base):
             return None
-        changed = self._changed_ops(other)
         moved = base != other_base
         rows = []
         for b, row in other_rows:
