@@ -7,6 +7,7 @@ import threading
 import pytest
 from builders import chain
 
+import vsim.sweep as sweep_mod
 from vsim.cli import main
 from vsim.errors import ConfigError
 from vsim.plots import (
@@ -280,6 +281,41 @@ def test_dask_cluster_with_a_worker_killed_mid_sweep(traces, tmp_path):
     assert set(local) == set(keys)
     for r in rows:  # determinism: same figures wherever it ran (but the wall time)
         assert {**r, "sim_seconds": 0} == {**local[row_key(r)], "sim_seconds": 0}
+
+
+_HANG: dict = {}
+_REAL_RUN_CHUNK = sweep_mod._run_chunk
+
+
+def _first_call_hangs(chunk, paths):
+    """vsim.sweep._run_chunk whose first call waits (in-process Dask workers: picklable by
+    reference, the state in this module)."""
+    _HANG["calls"].append(len(chunk))
+    if len(_HANG["calls"]) == 1:
+        _HANG["release"].wait(30)
+    return _REAL_RUN_CHUNK(chunk, paths)
+
+
+def test_dask_chunk_that_stalls_is_submitted_again(traces, tmp_path, monkeypatch):
+    """A chunk whose task never finishes (as a task lost with a killed worker can stay
+    'processing': dask/distributed#6074) is submitted again after DASK_STALL_S without a
+    result, under a new key; the sweep completes with every configuration once."""
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr(sweep_mod, "DASK_STALL_S", 1)
+    monkeypatch.setattr(sweep_mod, "_run_chunk", _first_call_hangs)
+    _HANG["calls"] = []
+    release = _HANG["release"] = threading.Event()
+    grid = build_grid([traces[1]], ["h100-sxm"], ["256MiB", "1GiB"], ["none"], ["exact"])
+    out = str(tmp_path / "dask.csv")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False,
+                                  dashboard_address=None) as cluster:
+        try:
+            summary = run_sweep(grid, [out], scheduler=cluster.scheduler_address)
+        finally:
+            release.set()  # before the cluster closes: it waits for its threads
+    keys = [row_key(r) for r in read_rows(out)]
+    assert len(keys) == len(set(keys)) == len(grid) == summary.written
+    assert len(_HANG["calls"]) >= 2  # the hanging chunk ran again
 
 
 def test_unreachable_scheduler_is_a_config_error(traces, tmp_path, monkeypatch):

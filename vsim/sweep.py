@@ -46,6 +46,11 @@ AMPLE_BYTES = 2**50
 SWEEP_FILE_KEYS = ("trace", "hw", "memory", "policy", "allocator", "output")
 MAX_CONFIGS = 1_000_000
 DASK_CONNECT_TIMEOUT_S = 10
+# No chunk finished for this long: the chunks still pending are submitted again under new keys.
+# A worker killed mid-task can leave its tasks, or the gathering of their results, waiting for
+# good (dask/distributed#6074, #7331: `as_completed(with_results=True)` hung so in a test here).
+DASK_STALL_S = 120
+DASK_RESUBMITS = 3
 
 
 # ---------------------------------------------------------------- the grid
@@ -543,27 +548,54 @@ def check_scheduler(address: str) -> str:
 def _run_dask(todo: list[Config], address: str,
               accept: Callable[[dict[str, Any]], None]) -> int:
     try:
-        from distributed import Client, as_completed
+        from distributed import Client, wait
     except ImportError:
         raise ConfigError("--scheduler needs Dask: pip install 'vsim[sweep]'") from None
     try:
         client = Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise ConfigError(f"cannot reach the Dask scheduler: {exc}", address) from None
-    try:
-        n = len(client.scheduler_info().get("workers", {}))
+    pending: dict[Any, tuple[list[Config], int]] = {}
+
+    def submit(chunk: list[Config], attempt: int) -> None:
         # Keys from the configurations: a chunk resubmitted under the same key is one task;
         # the writer's dedupe covers a result that arrives twice anyway. Absolute trace paths:
         # a worker's folder need not be ours (the files must be there).
-        futures = [client.submit(_run_chunk, chunk, [os.path.abspath(c.trace) for c in chunk],
-                                 key=f"vsim-sweep-{_digest(chunk)}", pure=False)
-                   for chunk in _chunks(todo, max(n, 1))]
-        # with_results: the results are gathered on the client's event loop, where a result
-        # lost with its worker is rescheduled and awaited again.
-        for fut, results in as_completed(futures, with_results=True):
-            for result in results:
-                accept(result)
+        key = f"vsim-sweep-{_digest(chunk)}" + (f"-again{attempt}" if attempt else "")
+        fut = client.submit(_run_chunk, chunk, [os.path.abspath(c.trace) for c in chunk],
+                            key=key, pure=False)
+        pending[fut] = (chunk, attempt)
+
+    def stalled(futures: Iterable[Any]) -> None:
+        for fut in futures:
+            chunk, attempt = pending.pop(fut)
+            if attempt >= DASK_RESUBMITS:
+                raise WorkerError(f"Dask: no result for {len(chunk)} configuration(s) after "
+                                  f"{attempt + 1} submissions, each waited {DASK_STALL_S} s")
             fut.release()
+            submit(chunk, attempt + 1)
+
+    try:
+        n = len(client.scheduler_info().get("workers", {}))
+        for chunk in _chunks(todo, max(n, 1)):
+            submit(chunk, 0)
+        while pending:
+            try:  # on this client's event loop (wait() takes the process's default client)
+                with client.as_current():
+                    done = wait(list(pending), timeout=DASK_STALL_S,
+                                return_when="FIRST_COMPLETED").done
+            except TimeoutError:
+                stalled(list(pending))
+                continue
+            # gathered on this client's loop (a task's own error, KilledWorker too, is raised
+            # here): Future.result() on a future whose result was lost with its worker raised
+            # "bound to a different event loop" where the process holds another client
+            for fut in done:
+                results = client.gather(fut)
+                pending.pop(fut)
+                for result in results:
+                    accept(result)
+                fut.release()
     finally:
         client.close()
     return n
