@@ -396,6 +396,7 @@ class Session:
         peaks_a: list[int] = []
         peaks_r: list[int] = []
         stats: IterationStats | None = None
+        measured_stats: list[IterationStats] = []  # the executor's, per measured iteration
         oom = None
         i = 0
         profiled: dict[str, Any] | None = None
@@ -430,6 +431,8 @@ class Session:
                     times.append(dt)
                     issued.append((t_issued - t0) * 1e6)
                     gc_per_iteration.append(gc_clock.us - gc_before)
+                    if stats is not None:
+                        measured_stats.append(stats)
                     if self.gpu:
                         peaks_a.append(torch.cuda.max_memory_allocated(self.device))
                         peaks_r.append(torch.cuda.max_memory_reserved(self.device))
@@ -501,7 +504,7 @@ class Session:
             "allocator_churn": churn or None,
             "allocated_at_start_bytes": held,
             "plan": plan_summary(plan),
-            "executed": executed_summary(stats, ex),
+            "executed": executed_summary(stats, ex, measured_stats),
             "op_map": dict(self.opmap.diagnostics),
             "check": check,
             "notes": notes,
