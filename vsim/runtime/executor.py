@@ -241,12 +241,12 @@ class Executor(Recomputation, NativeRuns):
             # keep its activations for good.
             mode = self._iteration_mode()
             self.stats.tracker = "python" if mode == "calibrate" else mode
-            # The saved-tensor hooks stay on in native iterations too (a Python call per saved
-            # tensor). Native iterations without them where no tensor is found there were
-            # turned off when the H100 remeasure of 2026-11-26 showed high peaks; the cause
-            # was the out-of-memory leak fixed in nativerun, so they may be safe: untested.
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
+            # Native iterations install the same hooks in C++ (vsim.runtime.nativerun).
+            if mode == "native":
                 self._run_tracked(step, mode)
+            else:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, _same):
+                    self._run_tracked(step, mode)
             self.finish()
         except BaseException:
             self.abort()
@@ -320,6 +320,11 @@ class Executor(Recomputation, NativeRuns):
             self._pause_native(native)
             self.stats.packs += 1
             self.stats.pack_us += (time.perf_counter() - t0) * 1e6
+
+    def _packed(self, packs: int, us: float) -> None:
+        """Saves made through the native hook (counted and timed in C++)."""
+        self.stats.packs += packs
+        self.stats.pack_us += us
 
     @contextmanager
     def untracked(self) -> Iterator[None]:

@@ -95,7 +95,6 @@ class NativeRuns:
         self._cal_outputs: dict[int, list[tuple[int, int]]] = {}
         self._cal_registered: dict[int, int] = {}
         self._cal_packs: list[tuple[int, int]] = []
-        self._packs = 0
         self._pack_targets: dict[int, int] = {}
         self._native: Any = None
         self._armed: tuple[nativemod.Calibration, nativemod.Targets] | None = None
@@ -203,20 +202,14 @@ class NativeRuns:
         self._cal_outputs[count] = got
 
     def note_pack(self, t: torch.Tensor) -> None:
-        """A tensor autograd saves (the saved-tensor hook): calibrating, where and what it is;
-        armed, the trace tensor the calibration found there, if any."""
+        """A tensor autograd saves (the Python saved-tensor hook), calibrating: where and what
+        it is. Armed iterations save through counter.cpp's hook (`_pack_callback`)."""
         if self.calibrating is not None:
             try:
                 ptr = t.untyped_storage().data_ptr()
             except (RuntimeError, NotImplementedError):
                 ptr = -1
             self._cal_packs.append((self.calibrating.count(), ptr))
-        elif self._armed is not None:
-            i = self._packs
-            self._packs = i + 1
-            tid = self._armed[1].packs.get(i)
-            if tid is not None:
-                self.register([(0, tid)], t)
 
     def note_registered(self, watch: list[tuple[int, int]]) -> None:
         """Calibrating: where the Python tracker found the trace tensors of a call."""
@@ -230,12 +223,15 @@ class NativeRuns:
         cal, tg = self._armed
         nat = self._native
         self._native_exc = None
-        self._packs = 0
         nat.arm(tg.flags, tg.expect, self._callback)
         nat.arm_frames(tg.frame_flags, tg.frame_count, tg.frame_expect, self._frame_callback)
+        # the saved-tensor hooks in C++ (counter.cpp's Packs): Python is called only at the
+        # saves where calibration found a tensor the plan acts on
+        nat.arm_packs(tg.packs, self._pack_callback)
         nat.begin()
         try:
-            step()
+            with torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack):
+                step()
         except RuntimeError as exc:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             if self._native_exc is not None:
@@ -255,6 +251,16 @@ class NativeRuns:
             self._native_count = nat.count()
             nat.end()
             nat.disarm()
+            packs, ns = nat.disarm_packs()
+            self._packed(packs, ns / 1e3)
+
+    def _pack_callback(self, tid: int, t: torch.Tensor) -> None:
+        """A save where calibration found trace tensor `tid` (counter.cpp's Packs)."""
+        try:
+            self.register([(0, tid)], t)
+        except BaseException as exc:
+            self._native_exc = exc
+            raise
 
     def _callback(self, count: int, out: Any, post: bool) -> None:
         try:
@@ -330,6 +336,8 @@ class NativeRuns:
 
     if TYPE_CHECKING:  # provided by Executor
         def register(self, watch: list[tuple[int, int]], out: Any) -> None: ...
+
+        def _packed(self, packs: int, us: float) -> None: ...
 
         def advance(self, op: int) -> None: ...
 
