@@ -122,6 +122,28 @@ def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) ->
     assert got["executed"]["skipped"] == ref["executed"]["skipped"]
 
 
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "vdnnpp"])
+def test_native_actions_move_the_same_bytes_as_the_python_ones(cnn, monkeypatch,
+                                                               policy: str) -> None:
+    """Offload and prefetch as one C++ call each (actions.cpp) against the Python actions
+    (VSIM_NATIVE_ACTIONS=0): the same bytes each way, gradients bitwise equal to the run
+    without a plan; vDNN++'s plan takes its host buffers from the pinned pool."""
+    from vsim.runtime.executor import Executor
+
+    trace, s = cnn
+    _pol, plan = s._plan(policy, None)
+    assert Executor(plan, s.opmap, trace, s.device, s.flat_inputs).act is not None
+    got = s.run(policy, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_ACTIONS", "0")
+    assert Executor(plan, s.opmap, trace, s.device, s.flat_inputs).act is None
+    ref = s.run(policy, iters=2, warmup=1)
+    assert got["check"]["bitwise_equal"] and ref["check"]["bitwise_equal"]
+    assert got["d2h_bytes"] == ref["d2h_bytes"] > 0
+    assert got["h2d_bytes"] == ref["h2d_bytes"] > 0
+    for k in ("offloads", "prefetches", "releases", "skipped"):
+        assert got["executed"][k] == ref["executed"][k], k
+
+
 @pytest.mark.parametrize("policy", ["superneurons", "recompute:strategy=sqrt"])
 def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
     """The calls a chain records come back as frames of their counted calls (with the

@@ -61,6 +61,7 @@ import torch
 from ..plan import Offload, Plan, PlanIndex, Retime
 from ..trace.schema import Trace
 from .hostmem import PinnedPool
+from .native import actions as native_actions
 from .nativerun import NativeRuns
 from .opmap import OpMap, OpSequenceError
 from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCall, _leaves
@@ -178,9 +179,14 @@ class Executor(Recomputation, NativeRuns):
         self.host: dict[int, torch.Tensor] = {}   # per-tensor host buffers, reused
         self.host_allocated = 0
         self.pool_overflow = 0
+        self.d2h: Any = None
+        self.h2d: Any = None
         if self.gpu:
             self.d2h = torch.cuda.Stream(device)
             self.h2d = torch.cuda.Stream(device)
+        # offload, prefetch and waits as one C++ call each where the native extension is built
+        # (vsim.runtime.native; VSIM_NATIVE_ACTIONS=0 keeps them in Python)
+        self.act: Any = native_actions()
         self.paused = False
         self.native_iterations = 0  # iterations that ran to the end under the native tracker
         self.iterations = 0
@@ -377,7 +383,10 @@ class Executor(Recomputation, NativeRuns):
         for t in self.needs.get(op, ()):
             ev = self.in_ev.pop(t, None)
             if ev is not None:
-                self.cs.wait_event(ev)
+                if self.act is not None:
+                    self.act.wait_event(ev, self.cs)
+                else:
+                    self.cs.wait_event(ev)
         for rc in self.recompute_before.get(op, ()):
             t0 = time.perf_counter()
             self._recompute(rc)
@@ -402,8 +411,12 @@ class Executor(Recomputation, NativeRuns):
             self._free(t, "released")
         if op in self.sync_after and self.gpu:
             cs = self.cs
-            cs.wait_stream(self.d2h)
-            cs.wait_stream(self.h2d)
+            if self.act is not None:
+                self.act.wait_stream(cs, self.d2h)
+                self.act.wait_stream(cs, self.h2d)
+            else:
+                cs.wait_stream(self.d2h)
+                cs.wait_stream(self.h2d)
             self.stats.syncs += 1
 
     # ------------------------------------------------------------ workspace-free convolutions
@@ -482,13 +495,18 @@ class Executor(Recomputation, NativeRuns):
             return
         n = st.nbytes()
         host = self._host_buffer(t, n)
-        src = self._view(st)
-        if self.gpu:
+        if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
+            done, ns = self.act.offload(st, host, self.cs, self.d2h, self.plan.pinned)
+            self.stats.copy_us += ns / 1e3
+            if done is not None:
+                self.out_ev[t] = done
+        elif self.gpu:
+            src = self._view(st)
             self.d2h.wait_event(self.cs.record_event())
             self.out_ev[t] = self._copy_on(self.d2h, host, src)
             src.record_stream(self.d2h)
         else:
-            host.copy_(src)
+            host.copy_(self._view(st))
         self.state[t] = "offloading"
         self.stats.offloads += 1
         self.stats.d2h_bytes += n
@@ -528,6 +546,15 @@ class Executor(Recomputation, NativeRuns):
             return
         n = self.nbytes[t]
         host = self._host_of(t, n)
+        if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
+            done, alloc_ns, copy_ns = self.act.prefetch(st, n, host, self.cs, self.h2d,
+                                                        self.out_ev.get(t), self.plan.pinned)
+            self.stats.alloc_us += alloc_ns / 1e3
+            self.stats.copy_us += copy_ns / 1e3
+            if done is not None:
+                self.in_ev[t] = done
+            self._prefetched(t, n, done)
+            return
         t0 = time.perf_counter()
         st.resize_(n)
         self.stats.alloc_us += (time.perf_counter() - t0) * 1e6
@@ -542,6 +569,9 @@ class Executor(Recomputation, NativeRuns):
         else:
             dst.copy_(host)
             done = None
+        self._prefetched(t, n, done)
+
+    def _prefetched(self, t: int, n: int, done: Any) -> None:
         self._give_slot(t, done)
         self.state[t] = "device"
         self.stats.prefetches += 1

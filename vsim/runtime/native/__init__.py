@@ -39,31 +39,49 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).with_name("counter.cpp")
+# counter.cpp: the tracker and the saved-tensor hooks; actions.cpp: the executor's offload and
+# prefetch as one call each
+SOURCES = (Path(__file__).with_name("counter.cpp"), Path(__file__).with_name("actions.cpp"))
 
 _MODULE: Any = None
-_ERROR: str | None = None
+_ERROR: str | None = None        # why load() gave None
+_BUILD_ERROR: str | None = None  # why the extension could not be built
 
 
 def load() -> Any:
     """The compiled counter, or None (then `error()` says why)."""
-    global _MODULE, _ERROR
-    if _MODULE is not None or _ERROR is not None:
-        return _MODULE
     if os.environ.get("VSIM_NATIVE_TRACKER", "1") == "0":
+        global _ERROR
         _ERROR = "turned off (VSIM_NATIVE_TRACKER=0)"
         return None
+    return _build()
+
+
+def actions() -> Any:
+    """The compiled module for the executor's offload, prefetch and waits (actions.cpp), or
+    None where it cannot be built or `VSIM_NATIVE_ACTIONS=0` keeps them in Python."""
+    if os.environ.get("VSIM_NATIVE_ACTIONS", "1") == "0":
+        return None
+    return _build()
+
+
+def _build() -> Any:
+    global _MODULE, _ERROR, _BUILD_ERROR
+    if _MODULE is not None or _BUILD_ERROR is not None:
+        if _BUILD_ERROR is not None:
+            _ERROR = _BUILD_ERROR
+        return _MODULE
     try:
         import torch
         from torch.utils.cpp_extension import load as build
 
-        text = SOURCE.read_bytes()
+        text = b"".join(p.read_bytes() for p in SOURCES)
         tag = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
-        _MODULE = build(name=f"vsim_native_tracker_{tag}", sources=[str(SOURCE)],
+        _MODULE = build(name=f"vsim_native_tracker_{tag}", sources=[str(p) for p in SOURCES],
                         extra_cflags=["-O2"], verbose=False)
     except Exception as exc:  # a missing compiler or ninja, a torch without headers
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        _ERROR = f"{type(exc).__name__}: {first}"
+        _ERROR = _BUILD_ERROR = f"{type(exc).__name__}: {first}"
         _MODULE = None
     return _MODULE
 

@@ -438,6 +438,8 @@ std::pair<int64_t, int64_t> do_disarm_packs() {
 
 }  // namespace
 
+void init_actions(py::module& m);  // actions.cpp
+
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
@@ -462,4 +464,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("arm_packs", &do_arm_packs, "save number -> trace tensor to call back with; callback");
   m.def("disarm_packs", &do_disarm_packs, "(saves, ns in pack) since arm_packs");
   m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
+  init_actions(m);
 }

@@ -1,0 +1,158 @@
+// The executor's offload and prefetch as one call each (vsim/runtime/executor.py): in Python
+// each was a dozen torch calls through Python wrappers (views, events, stream switches, the
+// copy, record_stream), 55-104 us of host time per offloaded tensor on the lent hosts
+// (validation/runtime/README.md). Device-generic c10 calls only (c10::Event, StreamGuard,
+// the device's guard implementation), so the extension builds without CUDA headers.
+//
+// Streams are torch.Stream objects (a torch.cuda.Stream is one) or None on the CPU, where the
+// copy is synchronous and no event is made. Errors come back as PyTorch's own Python
+// exceptions (torch.OutOfMemoryError from an allocation under a cap included).
+
+#include <torch/extension.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/Event.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
+
+#include <chrono>
+#include <optional>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t ns_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+const c10::Storage& storage_of(py::handle h) {
+  if (!THPStorage_Check(h.ptr())) throw std::invalid_argument("an UntypedStorage");
+  return THPStorage_Unpack(h.ptr());
+}
+
+std::optional<c10::Stream> stream_of(py::handle h) {
+  if (h.is_none()) return std::nullopt;
+  return h.cast<c10::Stream>();
+}
+
+// the storage's bytes as a 1-D uint8 tensor (what the Python executor's _view made)
+at::Tensor bytes_of(const c10::Storage& st) {
+  at::Tensor v = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(st.device()));
+  v.set_(st);
+  return v;
+}
+
+// `waiter` waits for the work issued so far on `other` (an event recorded there)
+void wait_for(const c10::Stream& waiter, const c10::Stream& other) {
+  c10::Event e(other.device_type());
+  e.record(other);
+  e.block(waiter);
+}
+
+// a torch.Event recorded on `stream` now
+py::object event_on(const c10::Stream& stream) {
+  PyObject* ev = THPEvent_new(stream.device_type(), c10::EventFlag::PYTORCH_DEFAULT);
+  if (ev == nullptr) throw py::error_already_set();
+  reinterpret_cast<THPEvent*>(ev)->event.record(stream);
+  return py::reinterpret_steal<py::object>(ev);
+}
+
+void record_on(const c10::Storage& st, const c10::Stream& stream) {
+  c10::impl::VirtualGuardImpl impl(st.device_type());
+  impl.recordDataPtrOnStream(st.data_ptr(), stream);
+}
+
+// Offload: the copy stream waits for the compute stream, the storage's bytes are copied into
+// `host` on it, and its block is marked as used there (the allocator reuses it only after the
+// copy once the storage is released). Returns (the copy's end event or None, ns issuing it).
+py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::handle copy,
+                  bool non_blocking) {
+  const c10::Storage& st = storage_of(storage);
+  at::Tensor src = bytes_of(st);
+  auto cs = stream_of(compute), ds = stream_of(copy);
+  if (!cs || !ds) {
+    auto t0 = Clock::now();
+    host.copy_(src);
+    return py::make_tuple(py::none(), ns_since(t0));
+  }
+  wait_for(*ds, *cs);
+  int64_t ns;
+  {
+    c10::StreamGuard on(*ds);
+    auto t0 = Clock::now();
+    host.copy_(src, non_blocking);
+    ns = ns_since(t0);
+  }
+  py::object done = event_on(*ds);
+  record_on(st, *ds);
+  return py::make_tuple(done, ns);
+}
+
+// Prefetch: the released storage gets `n` bytes again (allocated on the current stream, the
+// compute stream, whose order protects earlier users of the memory), the copy stream waits
+// for the compute stream and for `after` (the offload's end event, or None), the bytes come
+// back from `host` on it, and the block is marked as used there. Returns (the copy's end
+// event or None, ns in the allocation, ns issuing the copy).
+py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle compute,
+                   py::handle copy, py::handle after, bool non_blocking) {
+  const c10::Storage& st = storage_of(storage);
+  c10::StorageImpl* impl = st.unsafeGetStorageImpl();
+  if (impl->nbytes() != 0) throw std::invalid_argument("prefetch: the storage is not released");
+  auto t0 = Clock::now();
+  {
+    // what resize_(n) does for a storage of 0 bytes (nothing to copy over)
+    c10::DeviceGuard on(impl->device());
+    at::DataPtr data = impl->allocator()->allocate(static_cast<size_t>(n));
+    impl->set_data_ptr_noswap(std::move(data));
+    impl->set_nbytes(static_cast<size_t>(n));
+  }
+  const int64_t alloc_ns = ns_since(t0);
+  at::Tensor dst = bytes_of(st);
+  auto cs = stream_of(compute), hs = stream_of(copy);
+  if (!cs || !hs) {
+    auto t1 = Clock::now();
+    dst.copy_(host);
+    return py::make_tuple(py::none(), alloc_ns, ns_since(t1));
+  }
+  wait_for(*hs, *cs);
+  if (!after.is_none()) {
+    if (!THPEvent_Check(after.ptr())) throw std::invalid_argument("prefetch: after is a torch.Event");
+    reinterpret_cast<THPEvent*>(after.ptr())->event.block(*hs);
+  }
+  int64_t copy_ns;
+  {
+    c10::StreamGuard on(*hs);
+    auto t1 = Clock::now();
+    dst.copy_(host, non_blocking);
+    copy_ns = ns_since(t1);
+  }
+  py::object done = event_on(*hs);
+  record_on(st, *hs);
+  return py::make_tuple(done, alloc_ns, copy_ns);
+}
+
+// `stream` waits for a torch.Event
+void wait_event(py::handle event, py::handle stream) {
+  if (!THPEvent_Check(event.ptr())) throw std::invalid_argument("wait_event: a torch.Event");
+  reinterpret_cast<THPEvent*>(event.ptr())->event.block(stream.cast<c10::Stream>());
+}
+
+// `waiter` waits for everything issued so far on `other`
+void wait_stream(py::handle waiter, py::handle other) {
+  wait_for(waiter.cast<c10::Stream>(), other.cast<c10::Stream>());
+}
+
+}  // namespace
+
+void init_actions(py::module& m) {
+  m.def("offload", torch::wrap_pybind_function(offload),
+        "offload(storage, host, compute, copy, non_blocking) -> (event, copy ns)");
+  m.def("prefetch", torch::wrap_pybind_function(prefetch),
+        "prefetch(storage, n, host, compute, copy, after, non_blocking) -> (event, alloc ns, "
+        "copy ns)");
+  m.def("wait_event", torch::wrap_pybind_function(wait_event));
+  m.def("wait_stream", torch::wrap_pybind_function(wait_stream));
+}
