@@ -2,7 +2,8 @@
 (`executed.executor_host_us`) and its own part, the host work that is vsim's runtime's rather
 than PyTorch calls a plan needs whatever runs it (allocations, copy launches, pinned-pool
 waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026-11-26 08:30
-UTC). Reads validation/measured/; writes nothing.
+UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27).
+Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
 """
@@ -36,7 +37,7 @@ def main() -> None:
         if args.hardware and d.get("hardware") != args.hardware:
             continue
         waits = (ex["executor_alloc_us"] + ex["executor_copy_us"] + ex["executor_pool_wait_us"]
-                 + ex["executor_replay_call_us"])
+                 + ex["executor_replay_call_us"] + ex.get("executor_event_us", 0.0))
         rows.append((d["id"], ex["executor_host_us"] / it, (ex["executor_host_us"] - waits) / it,
                      ex.get("tracker")))
     if not rows:

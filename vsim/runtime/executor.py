@@ -97,6 +97,9 @@ class IterationStats:
     alloc_us: float = 0.0
     copy_us: float = 0.0
     pool_wait_us: float = 0.0
+    # the native actions' CUDA calls around the copies (events recorded and waited for, stream
+    # switches, record_stream), which a C++ runtime of the plan makes as well
+    event_us: float = 0.0
     recompute_us: float = 0.0
     # part of recompute_us: inside the replayed aten calls themselves (their dispatch, launch
     # and allocations, which any runtime recomputing through PyTorch pays); the rest of it is
@@ -384,7 +387,7 @@ class Executor(Recomputation, NativeRuns):
             ev = self.in_ev.pop(t, None)
             if ev is not None:
                 if self.act is not None:
-                    self.act.wait_event(ev, self.cs)
+                    self.stats.event_us += self.act.wait_event(ev, self.cs) / 1e3
                 else:
                     self.cs.wait_event(ev)
         for rc in self.recompute_before.get(op, ()):
@@ -412,8 +415,8 @@ class Executor(Recomputation, NativeRuns):
         if op in self.sync_after and self.gpu:
             cs = self.cs
             if self.act is not None:
-                self.act.wait_stream(cs, self.d2h)
-                self.act.wait_stream(cs, self.h2d)
+                self.stats.event_us += (self.act.wait_stream(cs, self.d2h)
+                                        + self.act.wait_stream(cs, self.h2d)) / 1e3
             else:
                 cs.wait_stream(self.d2h)
                 cs.wait_stream(self.h2d)
@@ -496,8 +499,9 @@ class Executor(Recomputation, NativeRuns):
         n = st.nbytes()
         host = self._host_buffer(t, n)
         if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
-            done, ns = self.act.offload(st, host, self.cs, self.d2h, self.plan.pinned)
-            self.stats.copy_us += ns / 1e3
+            done, copy_ns, ns = self.act.offload(st, host, self.cs, self.d2h, self.plan.pinned)
+            self.stats.copy_us += copy_ns / 1e3
+            self.stats.event_us += (ns - copy_ns) / 1e3
             if done is not None:
                 self.out_ev[t] = done
         elif self.gpu:
@@ -547,10 +551,11 @@ class Executor(Recomputation, NativeRuns):
         n = self.nbytes[t]
         host = self._host_of(t, n)
         if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
-            done, alloc_ns, copy_ns = self.act.prefetch(st, n, host, self.cs, self.h2d,
-                                                        self.out_ev.get(t), self.plan.pinned)
+            done, alloc_ns, copy_ns, ns = self.act.prefetch(
+                st, n, host, self.cs, self.h2d, self.out_ev.get(t), self.plan.pinned)
             self.stats.alloc_us += alloc_ns / 1e3
             self.stats.copy_us += copy_ns / 1e3
+            self.stats.event_us += (ns - alloc_ns - copy_ns) / 1e3
             if done is not None:
                 self.in_ev[t] = done
             self._prefetched(t, n, done)

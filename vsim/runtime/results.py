@@ -153,8 +153,8 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
         return round(statistics.median(getattr(s, field) for s in runs), 1)
 
     def own(s: IterationStats) -> float:
-        return (s.host_us - s.alloc_us - s.copy_us - s.pool_wait_us - s.recompute_us
-                - s.record_us)
+        return (s.host_us - s.alloc_us - s.copy_us - s.pool_wait_us - s.event_us
+                - s.recompute_us - s.record_us)
 
     return {"offloads": stats.offloads, "prefetches": stats.prefetches, "drops": stats.drops,
             "releases": stats.releases, "recomputed_calls": stats.recomputed_calls,
@@ -165,6 +165,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_alloc_us": us("alloc_us"),
             "executor_copy_us": us("copy_us"),
             "executor_pool_wait_us": us("pool_wait_us"),
+            "executor_event_us": us("event_us"),
             "executor_recompute_us": us("recompute_us"),
             "executor_replay_call_us": us("replay_call_us"),
             "executor_record_us": us("record_us"),

@@ -58,16 +58,20 @@ at::Tensor bytes_of(const c10::Storage& st) {
 
 // `waiter` waits for the work issued so far on `other` (one event per stream `other`)
 void wait_for(const c10::Stream& waiter, const c10::Stream& other) {
-  static std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::unique_ptr<c10::Event>> marks;
-  auto& e = marks[{other.device_index(), other.id()}];
+  // never destroyed: destroying CUDA events after the CUDA context is gone at exit can fail
+  static auto* marks =
+      new std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::unique_ptr<c10::Event>>();
+  auto& e = (*marks)[{other.device_index(), other.id()}];
   if (!e) e = std::make_unique<c10::Event>(other.device_type());
   e->record(other);
   e->block(waiter);
 }
 
 // The torch.Events handed to Python (copy ends: prefetches, the pinned pool and `needs` wait
-// for them); one that only this list still holds is recorded again instead of made anew.
-std::vector<py::object> handed;
+// for them); one that only this list still holds is recorded again instead of made anew. Never
+// destroyed: a static list of Python objects would be released after the interpreter has
+// finalized (an abort at exit, seen on the H100).
+std::vector<py::object>& handed = *new std::vector<py::object>();
 size_t cursor = 0;
 
 // a torch.Event recorded on `stream` now
@@ -96,16 +100,18 @@ void record_on(const c10::Storage& st, const c10::Stream& stream) {
 
 // Offload: the copy stream waits for the compute stream, the storage's bytes are copied into
 // `host` on it, and its block is marked as used there (the allocator reuses it only after the
-// copy once the storage is released). Returns (the copy's end event or None, ns issuing it).
+// copy once the storage is released). Returns (the copy's end event or None, ns issuing the
+// copy, ns in all).
 py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::handle copy,
                   bool non_blocking) {
+  const auto start = Clock::now();
   const c10::Storage& st = storage_of(storage);
   at::Tensor src = bytes_of(st);
   auto cs = stream_of(compute), ds = stream_of(copy);
   if (!cs || !ds) {
     auto t0 = Clock::now();
     host.copy_(src);
-    return py::make_tuple(py::none(), ns_since(t0));
+    return py::make_tuple(py::none(), ns_since(t0), ns_since(start));
   }
   wait_for(*ds, *cs);
   int64_t ns;
@@ -117,16 +123,17 @@ py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::h
   }
   py::object done = event_on(*ds);
   record_on(st, *ds);
-  return py::make_tuple(done, ns);
+  return py::make_tuple(done, ns, ns_since(start));
 }
 
 // Prefetch: the released storage gets `n` bytes again (allocated on the current stream, the
 // compute stream, whose order protects earlier users of the memory), the copy stream waits
 // for the compute stream and for `after` (the offload's end event, or None), the bytes come
 // back from `host` on it, and the block is marked as used there. Returns (the copy's end
-// event or None, ns in the allocation, ns issuing the copy).
+// event or None, ns in the allocation, ns issuing the copy, ns in all).
 py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle compute,
                    py::handle copy, py::handle after, bool non_blocking) {
+  const auto start = Clock::now();
   const c10::Storage& st = storage_of(storage);
   c10::StorageImpl* impl = st.unsafeGetStorageImpl();
   if (impl->nbytes() != 0) throw std::invalid_argument("prefetch: the storage is not released");
@@ -144,7 +151,7 @@ py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle co
   if (!cs || !hs) {
     auto t1 = Clock::now();
     dst.copy_(host);
-    return py::make_tuple(py::none(), alloc_ns, ns_since(t1));
+    return py::make_tuple(py::none(), alloc_ns, ns_since(t1), ns_since(start));
   }
   wait_for(*hs, *cs);
   if (!after.is_none()) {
@@ -160,28 +167,32 @@ py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle co
   }
   py::object done = event_on(*hs);
   record_on(st, *hs);
-  return py::make_tuple(done, alloc_ns, copy_ns);
+  return py::make_tuple(done, alloc_ns, copy_ns, ns_since(start));
 }
 
-// `stream` waits for a torch.Event
-void wait_event(py::handle event, py::handle stream) {
+// `stream` waits for a torch.Event; returns the ns it took
+int64_t wait_event(py::handle event, py::handle stream) {
+  const auto start = Clock::now();
   if (!THPEvent_Check(event.ptr())) throw std::invalid_argument("wait_event: a torch.Event");
   reinterpret_cast<THPEvent*>(event.ptr())->event.block(stream.cast<c10::Stream>());
+  return ns_since(start);
 }
 
-// `waiter` waits for everything issued so far on `other`
-void wait_stream(py::handle waiter, py::handle other) {
+// `waiter` waits for everything issued so far on `other`; returns the ns it took
+int64_t wait_stream(py::handle waiter, py::handle other) {
+  const auto start = Clock::now();
   wait_for(waiter.cast<c10::Stream>(), other.cast<c10::Stream>());
+  return ns_since(start);
 }
 
 }  // namespace
 
 void init_actions(py::module& m) {
   m.def("offload", torch::wrap_pybind_function(offload),
-        "offload(storage, host, compute, copy, non_blocking) -> (event, copy ns)");
+        "offload(storage, host, compute, copy, non_blocking) -> (event, copy ns, ns)");
   m.def("prefetch", torch::wrap_pybind_function(prefetch),
         "prefetch(storage, n, host, compute, copy, after, non_blocking) -> (event, alloc ns, "
-        "copy ns)");
+        "copy ns, ns)");
   m.def("wait_event", torch::wrap_pybind_function(wait_event));
   m.def("wait_stream", torch::wrap_pybind_function(wait_stream));
 }
