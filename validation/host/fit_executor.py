@@ -38,7 +38,7 @@ Fitted on the FIT models, checked on the others. Writes nothing: prints the valu
 hardware/host/NAME.yaml's `executor` section and the check table.
 
     python validation/host/fit_executor.py \
-        --hold-out efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2
+        --hold-out efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2 [--since 2026-11-27]
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TERMS = ("copy_us", "free_us", "recompute_call_us", "record_call_us")  # in this order
 
 
-def runs(hardware: str) -> list[dict]:
+def runs(hardware: str, since: str = "") -> list[dict]:
     out = []
     for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json"))):
         d = json.loads(Path(f).read_text())
         ex = d.get("executed")
         if not ex or d.get("iteration_time_us") is None or d.get("hardware") != hardware:
+            continue
+        if d["provenance"].get("date", "") < since:
             continue
         x = [ex["offloads"] + ex["prefetches"], ex["releases"] + ex["drops"]]
         if sum(x) + ex["recomputed_calls"] == 0 or \
@@ -121,7 +123,7 @@ EARLIER = ROOT / "validation/host/runtime-before-noted"
 NATIVE_COST = ROOT / "validation/host/native-cost/runs"  # tracked and plain runs, H100
 
 
-def unseen(hardware: str, held: set[str]) -> dict[str, float]:
+def unseen(hardware: str, held: set[str], since: str = "") -> dict[str, float]:
     """pack_us (per forward op), native_us_per_call and record_callback_us: see the module.
     The profiles charge the call back alone (its median per recorded call) and no per-call
     cost: the joint fit was evaluated and not adopted (validation/host/README.md)."""
@@ -147,7 +149,8 @@ def unseen(hardware: str, held: set[str]) -> dict[str, float]:
              *sorted(glob.glob(str(EARLIER / "*.json"))),
              *sorted(glob.glob(str(NATIVE_COST / "*.json")))]
     measured = [json.loads(Path(f).read_text()) for f in files]
-    measured = [d for d in measured if d.get("hardware") == hardware]
+    measured = [d for d in measured if d.get("hardware") == hardware
+                and d["provenance"].get("date", "") >= since]
     pack = []
     for d in measured:
         ex = d.get("executed") or {}
@@ -205,9 +208,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--hold-out", default="efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2")
+    ap.add_argument("--since", default="", help="only runs measured at or after this UTC date "
+                    "(a runtime change: 2026-11-27 for the native actions and hook)")
     args = ap.parse_args()
     held = set(args.hold_out.split(","))
-    data = runs(args.hardware)
+    data = runs(args.hardware, args.since)
     fit = [r for r in data if r["model"] not in held and not r["retried"]]
     c = nnls(np.array([r["x"] for r in fit], float), np.array([r["y"] for r in fit], float))
     values = dict(zip(TERMS, [*c, per_call(fit, "replay"), per_call(fit, "record")],
@@ -236,7 +241,7 @@ def main() -> None:
     print(f"| held out | {err([r for r in data if r['model'] in held and not r['retried']])} |")
     print(f"| allocator retried (not fitted) | {err([r for r in data if r['retried']])} |")
     print("outside the executor's timers:")
-    unseen(args.hardware, held)
+    unseen(args.hardware, held, args.since)
 
 
 if __name__ == "__main__":
