@@ -40,6 +40,9 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   `squeeze_missed`). The cached engines outlive the executor: a later case in the same
   process with the same shapes gets them too, so measure.py runs such a case alone.
   Other Retimes (durations only) are not executed.
+Offload, prefetch and the waits for their events are one C++ call each where the native
+extension is built (vsim/runtime/native/actions.cpp; `VSIM_NATIVE_ACTIONS=0`: the Python calls
+below, which do the same).
 On the CPU (tests) copies are synchronous and there are no streams or events.
 
 In parts: the dispatch mode in tracker.py, recording and recomputation in recompute.py (a mixin

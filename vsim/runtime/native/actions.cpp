@@ -11,7 +11,6 @@
 #include <torch/extension.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Exceptions.h>
@@ -68,20 +67,25 @@ void wait_for(const c10::Stream& waiter, const c10::Stream& other) {
 }
 
 // The torch.Events handed to Python (copy ends: prefetches, the pinned pool and `needs` wait
-// for them); one that only this list still holds is recorded again instead of made anew. Never
-// destroyed: a static list of Python objects would be released after the interpreter has
-// finalized (an abort at exit, seen on the H100).
-std::vector<py::object>& handed = *new std::vector<py::object>();
-size_t cursor = 0;
+// for them), per device (an event is recorded on one device only); one that only this list
+// still holds is recorded again instead of made anew. Never destroyed: a static list of Python
+// objects would be released after the interpreter has finalized (an abort at exit, seen on
+// the H100).
+struct Handed {
+  std::vector<py::object> events;
+  size_t cursor = 0;
+};
+auto& handed = *new std::map<c10::DeviceIndex, Handed>();
 
 // a torch.Event recorded on `stream` now
 py::object event_on(const c10::Stream& stream) {
-  const size_t n = handed.size();
+  Handed& h = handed[stream.device_index()];
+  const size_t n = h.events.size();
   for (size_t k = 0; k < std::min<size_t>(n, 8); ++k) {
-    const size_t i = (cursor + k) % n;
-    py::object& ev = handed[i];
+    const size_t i = (h.cursor + k) % n;
+    py::object& ev = h.events[i];
     if (Py_REFCNT(ev.ptr()) == 1) {
-      cursor = i + 1;
+      h.cursor = i + 1;
       reinterpret_cast<THPEvent*>(ev.ptr())->event.record(stream);
       return ev;
     }
@@ -89,8 +93,8 @@ py::object event_on(const c10::Stream& stream) {
   PyObject* ev = THPEvent_new(stream.device_type(), c10::EventFlag::PYTORCH_DEFAULT);
   if (ev == nullptr) throw py::error_already_set();
   reinterpret_cast<THPEvent*>(ev)->event.record(stream);
-  handed.push_back(py::reinterpret_steal<py::object>(ev));
-  return handed.back();
+  h.events.push_back(py::reinterpret_steal<py::object>(ev));
+  return h.events.back();
 }
 
 void record_on(const c10::Storage& st, const c10::Stream& stream) {
