@@ -82,6 +82,7 @@ def test_every_policy_trains_exactly_as_without_it(cnn, spec: str) -> None:
     if done is not None:  # host times: medians over the measured iterations, not the last's
         assert done["executor_iterations_timed"] == result["iterations"]["measured"] == 2
         assert done["executor_host_us"] >= done["executor_alloc_us"] >= 0
+        assert done["executor_host_us"] >= done["executor_event_us"] >= 0
     n_off = sum(isinstance(a, Offload) for a in plan.actions)
     n_pre = sum(isinstance(a, Prefetch) for a in plan.actions)
     if n_off:
