@@ -319,3 +319,24 @@ def test_the_reference_noise_is_the_widest_of_several_repeats_when_kernels_vary(
         reference=ref, gradients=lambda _ex: {"loss": torch.tensor(1.0),
                                               "grads": [torch.zeros(3)]}))
     assert same["repeats"] == 1 and same["bitwise_equal"]
+
+
+def test_a_native_prefetch_that_cannot_allocate_raises_as_resize_does() -> None:
+    """The C++ prefetch allocates what `resize_` would; a failed allocation raises PyTorch's
+    own Python exception (on the GPU under a cap, torch.OutOfMemoryError, which a measurement
+    reports as out of memory) and leaves the storage released."""
+    from vsim.runtime import native
+
+    act = native.actions()
+    st = torch.empty(4, dtype=torch.uint8).untyped_storage()
+    st.resize_(0)
+    host = torch.empty(4, dtype=torch.uint8)
+    with pytest.raises(Exception) as native_exc:
+        act.prefetch(st, 1 << 60, host, None, None, None, False)
+    assert st.nbytes() == 0
+    with pytest.raises(Exception) as python_exc:
+        st.resize_(1 << 60)
+    assert type(native_exc.value) is type(python_exc.value)
+    with pytest.raises(RuntimeError, match="not released"):  # a storage that holds bytes
+        act.prefetch(torch.empty(4, dtype=torch.uint8).untyped_storage(), 4, host, None, None,
+                     None, False)
