@@ -145,6 +145,19 @@ def test_native_actions_move_the_same_bytes_as_the_python_ones(cnn, monkeypatch,
 
 
 @pytest.mark.parametrize("policy", ["superneurons", "recompute:strategy=sqrt"])
+def test_replayed_views_made_natively_give_the_same_gradients(cnn, monkeypatch,
+                                                              policy: str) -> None:
+    """The replay's argument views checked and made in C++ (views.cpp) against the Python
+    ones (VSIM_NATIVE_ACTIONS=0): the same calls replayed, gradients bitwise equal to the run
+    without a plan either way."""
+    got = cnn[1].run(policy, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_ACTIONS", "0")
+    ref = cnn[1].run(policy, iters=2, warmup=1)
+    assert got["check"]["bitwise_equal"] and ref["check"]["bitwise_equal"]
+    assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"] > 0
+
+
+@pytest.mark.parametrize("policy", ["superneurons", "recompute:strategy=sqrt"])
 def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
     """The calls a chain records come back as frames of their counted calls (with the
     arguments a dispatch mode sees), so recomputation needs no Python tracker after the

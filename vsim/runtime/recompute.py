@@ -72,14 +72,23 @@ def _leaves(x: Any) -> list[Any]:
     return [x]
 
 
+_ARG_AT: dict[tuple[Any, str], tuple[int, bool] | None] = {}
+
+
 def _flag(call: RecordedCall, name: str) -> bool | None:
-    """A recorded call's boolean argument `name` (batch norm's `training`), or None."""
-    schema = getattr(call.func, "_schema", None)
-    for i, a in enumerate(schema.arguments if schema is not None else ()):
-        if a.name == name:
-            v = call.args[i] if i < len(call.args) and not a.kwarg_only else call.kwargs.get(name)
-            return v if isinstance(v, bool) else None
-    return None
+    """A recorded call's boolean argument `name` (batch norm's `training`), or None. Where the
+    argument sits in the schema is looked up once per function (the replay asks per call)."""
+    key = (call.func, name)
+    if key not in _ARG_AT:
+        schema = getattr(call.func, "_schema", None)
+        _ARG_AT[key] = next(((i, a.kwarg_only) for i, a in enumerate(
+            schema.arguments if schema is not None else ()) if a.name == name), None)
+    found = _ARG_AT[key]
+    if found is None:
+        return None
+    i, kwarg_only = found
+    v = call.args[i] if i < len(call.args) and not kwarg_only else call.kwargs.get(name)
+    return v if isinstance(v, bool) else None
 
 
 _SWAP: list[Any] = []
@@ -98,6 +107,18 @@ def _swapper() -> Any:
             swap = mod.swap_storages if mod is not None else None
         _SWAP.append(swap)
     return _SWAP[0]
+
+
+class _Describe:
+    """A Recompute as errors name it, formatted only when one is raised (the replay's own host
+    time is per call)."""
+
+    def __init__(self, rc: Any) -> None:
+        self.rc = rc
+
+    def __str__(self) -> str:
+        rc = self.rc
+        return f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})"
 
 
 class _Gone(Exception):
@@ -199,6 +220,7 @@ class Recomputation:
     constant_calls: frozenset[int]
     tracker_used: str
     track_until: int
+    act: Any  # the native extension's actions and views, or None (vsim.runtime.native)
 
     def keep_constant(self, out: Any) -> None:
         """Keep the small tensors a constant-making call returned (see CONSTANT_FUNCS) for the
@@ -348,7 +370,7 @@ class Recomputation:
         env: dict[int, Any] = {}      # storage key -> the storage this recomputation rebuilt
         at: dict[int, int] = {}       # ... and the call whose write it holds
         made_by: dict[int, torch.Tensor] = {}  # ... and the tensor that call returned there
-        what = f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})"
+        what = _Describe(rc)  # for errors only: formatted when one is raised
 
         chain = sorted((c for op in rc.ops for c in self.recording.get(op, ())),
                        key=lambda c: c.index)
@@ -474,8 +496,10 @@ class Recomputation:
         when it was recorded, is still that view of the storage resolved (same storage,
         offset, sizes, strides and dtype), it is passed as it is rather than as a new view
         (two dispatcher calls, the largest part of resolving), unless the call writes to it
-        (an in-place metadata change would reach that tensor)."""
+        (an in-place metadata change would reach that tensor). With the native extension the
+        check and the new view are one call each (views.cpp)."""
         k = call.index
+        act = self.act  # the native extension, or None (Python views)
 
         def resolve(r: Any) -> Any:
             if not isinstance(r, TensorRef):
@@ -499,10 +523,19 @@ class Recomputation:
                     raise _Stale
             if r.key not in call.inplace:
                 for o in (made_by.get(r.key), r.tensor() if r.tensor is not None else None):
-                    if o is not None and o.dtype == r.dtype and o.untyped_storage() is st \
+                    if o is None:
+                        continue
+                    if act is not None:  # one call (vsim/runtime/native/views.cpp)
+                        if act.is_view(o, st, r.dtype, r.offset, r.size, r.stride):
+                            return o
+                    elif o.dtype == r.dtype and o.untyped_storage() is st \
                             and o.storage_offset() == r.offset and o.shape == r.size \
                             and o.stride() == r.stride:
                         return o
+            if act is not None:
+                view = act.view_of(st, r.dtype, r.offset, r.size, r.stride)
+                if view is not None:
+                    return view
             return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
                                                                        r.stride)
 

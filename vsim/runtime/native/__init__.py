@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 # counter.cpp: the tracker and the saved-tensor hooks; actions.cpp: the executor's offload and
-# prefetch as one call each
-SOURCES = (Path(__file__).with_name("counter.cpp"), Path(__file__).with_name("actions.cpp"))
+# prefetch as one call each; views.cpp: the replay's views of recorded arguments
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("counter.cpp", "actions.cpp", "views.cpp"))
 
 _MODULE: Any = None
 _ERROR: str | None = None        # why load() gave None

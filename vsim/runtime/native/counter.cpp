@@ -439,6 +439,7 @@ std::pair<int64_t, int64_t> do_disarm_packs() {
 }  // namespace
 
 void init_actions(py::module& m);  // actions.cpp
+void init_views(py::module& m);    // views.cpp
 
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
@@ -465,4 +466,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("disarm_packs", &do_disarm_packs, "(saves, ns in pack) since arm_packs");
   m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
   init_actions(m);
+  init_views(m);
 }
