@@ -500,6 +500,8 @@ class Recomputation:
         check and the new view are one call each (views.cpp)."""
         k = call.index
         act = self.act  # the native extension, or None (Python views)
+        if act is not None and not hasattr(act, "view_of"):
+            act = None  # built without views.cpp (vsim.runtime.native.views_error)
 
         def resolve(r: Any) -> Any:
             if not isinstance(r, TensorRef):

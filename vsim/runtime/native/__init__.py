@@ -46,6 +46,7 @@ SOURCES = tuple(Path(__file__).with_name(f) for f in ("counter.cpp", "actions.cp
 _MODULE: Any = None
 _ERROR: str | None = None        # why load() gave None
 _BUILD_ERROR: str | None = None  # why the extension could not be built
+_VIEWS_ERROR: str | None = None  # why it was built without views.cpp
 
 
 def load() -> Any:
@@ -66,7 +67,11 @@ def actions() -> Any:
 
 
 def _build() -> Any:
-    global _MODULE, _ERROR, _BUILD_ERROR
+    """The extension from SOURCES; where that fails, without the newest part (views.cpp,
+    compiled out by VSIM_NO_VIEWS: the replay then makes its views in Python), so that a
+    build problem there (a torch whose headers differ) does not cost the tracker and the
+    actions. `views_error()` says why the views are missing."""
+    global _MODULE, _ERROR, _BUILD_ERROR, _VIEWS_ERROR
     if _MODULE is not None or _BUILD_ERROR is not None:
         if _BUILD_ERROR is not None:
             _ERROR = _BUILD_ERROR
@@ -74,16 +79,35 @@ def _build() -> Any:
     try:
         import torch
         from torch.utils.cpp_extension import load as build
-
-        text = b"".join(p.read_bytes() for p in SOURCES)
-        tag = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
+    except Exception as exc:  # noqa: BLE001  (a torch without the extension tools)
+        _ERROR = _BUILD_ERROR = _why(exc)
+        return None
+    text = b"".join(p.read_bytes() for p in SOURCES)
+    tag = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
+    try:
         _MODULE = build(name=f"vsim_native_tracker_{tag}", sources=[str(p) for p in SOURCES],
                         extra_cflags=["-O2"], verbose=False)
-    except Exception as exc:  # a missing compiler or ninja, a torch without headers
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        _ERROR = _BUILD_ERROR = f"{type(exc).__name__}: {first}"
+        return _MODULE
+    except Exception as exc:  # noqa: BLE001  (a missing compiler or ninja, other headers)
+        _VIEWS_ERROR = _why(exc)
+    core = [p for p in SOURCES if p.name != "views.cpp"]
+    try:
+        _MODULE = build(name=f"vsim_native_tracker_core_{tag}", sources=[str(p) for p in core],
+                        extra_cflags=["-O2", "-DVSIM_NO_VIEWS"], verbose=False)
+    except Exception as exc:  # noqa: BLE001
+        _ERROR = _BUILD_ERROR = _why(exc)
         _MODULE = None
     return _MODULE
+
+
+def _why(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def views_error() -> str | None:
+    """Why the extension was built without the replay's views, or None."""
+    return _VIEWS_ERROR
 
 
 def error() -> str | None:

@@ -439,7 +439,9 @@ std::pair<int64_t, int64_t> do_disarm_packs() {
 }  // namespace
 
 void init_actions(py::module& m);  // actions.cpp
+#ifndef VSIM_NO_VIEWS
 void init_views(py::module& m);    // views.cpp
+#endif
 
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
@@ -466,5 +468,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("disarm_packs", &do_disarm_packs, "(saves, ns in pack) since arm_packs");
   m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
   init_actions(m);
+#ifndef VSIM_NO_VIEWS
   init_views(m);
+#endif
 }
