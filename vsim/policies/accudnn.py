@@ -72,14 +72,13 @@ class AccUDNN(FittedPolicy):
             start = x
             if x != covered_at:
                 covers, covered_at = np.flatnonzero(open_ & (lo <= x) & (x < hi)), x
+                # (a copy: a swapped candidate's exposed time becomes infinite, its mask)
                 c_exposed, c_ids, c_size = exposed[covers], ids[covers], size[covers]
                 c_issues = (issues[0][covers], issues[1][covers], issues[2][covers])
-                taken = np.zeros(len(covers), dtype=bool)
                 left = len(covers)
             if not left:
                 break
             cost = c_exposed + ev.blocking_us_many(c_issues, x)
-            cost[taken] = np.inf
             hides = np.flatnonzero(cost == 0)
             # (the orders lexsort gave, by one pass each: ids are distinct)
             if len(hides):  # one that hides, the largest first, then the lowest id
@@ -91,7 +90,7 @@ class AccUDNN(FittedPolicy):
             i = int(covers[j])
             best_cost = float(cost[j])
             open_[i] = False
-            taken[j] = True
+            c_exposed[j] = np.inf
             left -= 1
             ev.add_swap(candidates[i])
             hidden += best_cost == 0

@@ -138,6 +138,8 @@ class Usage:
     def over(self, budget: int, start: int = 0) -> int | None:
         """The first slot above the budget, or None. `start`: a slot before which none is
         above it (a planner that only takes bytes off passes the last slot it got)."""
+        if start < len(self.bytes) and self.bytes[start] > budget:
+            return start  # the common case of a planner taking bytes off one slot at a time
         idx = np.flatnonzero(self.bytes[start:] > budget)
         return start + int(idx[0]) if len(idx) else None
 
