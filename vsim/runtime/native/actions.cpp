@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -102,39 +103,55 @@ void record_on(const c10::Storage& st, const c10::Stream& stream) {
   impl.recordDataPtrOnStream(st.data_ptr(), stream);
 }
 
-// Offload: the copy stream waits for the compute stream, the storage's bytes are copied into
-// `host` on it, and its block is marked as used there (the allocator reuses it only after the
-// copy once the storage is released). Returns (the copy's end event or None, ns issuing the
-// copy, ns in all).
+// `dst` <- `src`: on the copy stream `on` where there is one (its end recorded as the event
+// returned, the block of `st` marked as used there: the allocator reuses it only after the
+// copy), else synchronously (the CPU: no event). Returns (the event or None, ns issuing the copy).
+std::pair<py::object, int64_t> copy_bytes(at::Tensor& dst, const at::Tensor& src,
+                                          const std::optional<c10::Stream>& on,
+                                          const c10::Storage& st, bool non_blocking) {
+  if (!on) {
+    auto t0 = Clock::now();
+    dst.copy_(src);
+    return {py::none(), ns_since(t0)};
+  }
+  int64_t ns;
+  {
+    c10::StreamGuard guard(*on);
+    auto t0 = Clock::now();
+    dst.copy_(src, non_blocking);
+    ns = ns_since(t0);
+  }
+  py::object done = event_on(*on);
+  record_on(st, *on);
+  return {done, ns};
+}
+
+// The copy stream of an action, having waited for the compute stream; none on the CPU.
+std::optional<c10::Stream> copy_stream(py::handle compute, py::handle copy) {
+  auto cs = stream_of(compute), s = stream_of(copy);
+  if (!cs || !s) return std::nullopt;
+  wait_for(*s, *cs);
+  return s;
+}
+
+// Offload: the copy stream waits for the compute stream and the storage's bytes are copied into
+// `host` on it (copy_bytes). Returns (the copy's end event or None, ns issuing the copy, ns in
+// all).
 py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::handle copy,
                   bool non_blocking) {
   const auto start = Clock::now();
   const c10::Storage& st = storage_of(storage);
   at::Tensor src = bytes_of(st);
-  auto cs = stream_of(compute), ds = stream_of(copy);
-  if (!cs || !ds) {
-    auto t0 = Clock::now();
-    host.copy_(src);
-    return py::make_tuple(py::none(), ns_since(t0), ns_since(start));
-  }
-  wait_for(*ds, *cs);
-  int64_t ns;
-  {
-    c10::StreamGuard on(*ds);
-    auto t0 = Clock::now();
-    host.copy_(src, non_blocking);
-    ns = ns_since(t0);
-  }
-  py::object done = event_on(*ds);
-  record_on(st, *ds);
+  auto on = copy_stream(compute, copy);
+  auto [done, ns] = copy_bytes(host, src, on, st, non_blocking);
   return py::make_tuple(done, ns, ns_since(start));
 }
 
 // Prefetch: the released storage gets `n` bytes again (allocated on the current stream, the
 // compute stream, whose order protects earlier users of the memory), the copy stream waits
-// for the compute stream and for `after` (the offload's end event, or None), the bytes come
-// back from `host` on it, and the block is marked as used there. Returns (the copy's end
-// event or None, ns in the allocation, ns issuing the copy, ns in all).
+// for the compute stream and for `after` (the offload's end event, or None), and the bytes come
+// back from `host` on it (copy_bytes). Returns (the copy's end event or None, ns in the
+// allocation, ns issuing the copy, ns in all).
 py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle compute,
                    py::handle copy, py::handle after, bool non_blocking) {
   const auto start = Clock::now();
@@ -144,33 +161,19 @@ py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle co
   auto t0 = Clock::now();
   {
     // what resize_(n) does for a storage of 0 bytes (nothing to copy over)
-    c10::DeviceGuard on(impl->device());
+    c10::DeviceGuard guard(impl->device());
     at::DataPtr data = impl->allocator()->allocate(static_cast<size_t>(n));
     impl->set_data_ptr_noswap(std::move(data));
     impl->set_nbytes(static_cast<size_t>(n));
   }
   const int64_t alloc_ns = ns_since(t0);
   at::Tensor dst = bytes_of(st);
-  auto cs = stream_of(compute), hs = stream_of(copy);
-  if (!cs || !hs) {
-    auto t1 = Clock::now();
-    dst.copy_(host);
-    return py::make_tuple(py::none(), alloc_ns, ns_since(t1), ns_since(start));
-  }
-  wait_for(*hs, *cs);
-  if (!after.is_none()) {
+  auto on = copy_stream(compute, copy);
+  if (on && !after.is_none()) {
     if (!THPEvent_Check(after.ptr())) throw std::invalid_argument("prefetch: after is a torch.Event");
-    reinterpret_cast<THPEvent*>(after.ptr())->event.block(*hs);
+    reinterpret_cast<THPEvent*>(after.ptr())->event.block(*on);
   }
-  int64_t copy_ns;
-  {
-    c10::StreamGuard on(*hs);
-    auto t1 = Clock::now();
-    dst.copy_(host, non_blocking);
-    copy_ns = ns_since(t1);
-  }
-  py::object done = event_on(*hs);
-  record_on(st, *hs);
+  auto [done, copy_ns] = copy_bytes(dst, host, on, st, non_blocking);
   return py::make_tuple(done, alloc_ns, copy_ns, ns_since(start));
 }
 
