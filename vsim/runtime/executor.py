@@ -231,6 +231,8 @@ class Executor(Recomputation, NativeRuns):
         self.mutations: dict[int, list[RecordedCall]] = defaultdict(list)
         self.constants: dict[int, torch.Tensor] = {}
         self.next_key = 0
+        self._compiled_iteration = False  # set by a native iteration that runs the programs
+        self._logs = None
         self.host_live = 0
         self.stats = IterationStats()
         if self.pool is not None:

@@ -14,6 +14,7 @@ Which tracker runs an iteration (`Executor(tracker=)`):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,14 @@ class NativeRuns:
         self._cal: dict[tuple[bool, ...], Any] = {}  # key -> (Calibration, Targets) or why not
         self._start_ops = plan_start_ops
         self._end_ops = plan_end_ops
+        # the compiled replay (recompute.py's _ProgramLog, replay.cpp): per Recompute (by id)
+        # its program, targets and in-place re-runs, for the Targets they were compiled under;
+        # None before compiling, {} where the replay stays in Python (`replay_note` says why)
+        self._programs: dict[int, tuple[Any, list[int], int]] | None = None
+        self._programs_tg: Any = None
+        self._compiled_flags: dict[int, int] = {}
+        self._frame_of_call: dict[int, int] = {}
+        self.replay_note: str | None = None
         self.tracker_requested = tracker
         if tracker == "python":
             return
@@ -223,8 +232,17 @@ class NativeRuns:
         cal, tg = self._armed
         nat = self._native
         self._native_exc = None
+        if self._programs is not None and self._programs_tg is not tg:
+            self._programs = None  # other determinism flags: other frames
+        compiled = self._compiled_iteration = bool(self._programs)
+        if self._programs is None and self._can_compile():
+            self._logs = {}
+            self._frame_of_call = {k: key for key, k in tg.frame_call.items()}
         nat.arm(tg.flags, tg.expect, self._callback)
-        nat.arm_frames(tg.frame_flags, tg.frame_count, tg.frame_expect, self._frame_callback)
+        nat.arm_frames(self._compiled_flags if compiled else tg.frame_flags, tg.frame_count,
+                       tg.frame_expect, self._frame_callback)
+        if compiled:
+            nat.set_rng_device(self.device)
         # the saved-tensor hooks in C++ (counter.cpp's Packs): Python is called only at the
         # saves where calibration found a tensor the plan acts on
         nat.arm_packs(tg.packs, self._pack_callback)
@@ -232,6 +250,8 @@ class NativeRuns:
         try:
             with torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack):
                 step()
+            if self._logs is not None:
+                self._compile(tg)
         except RuntimeError as exc:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             if self._native_exc is not None:
@@ -248,11 +268,58 @@ class NativeRuns:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             raise
         finally:
+            self._logs = None
             self._native_count = nat.count()
             nat.end()
             nat.disarm()
             packs, ns = nat.disarm_packs()
             self._packed(packs, ns / 1e3)
+            if compiled:
+                self._captured(*nat.captured())
+
+    def _can_compile(self) -> bool:
+        """Whether this executor's recomputations can be compiled (replay.cpp built, not
+        turned off by VSIM_NATIVE_REPLAY=0, a plan that recomputes)."""
+        if not self.recompute_before:
+            return False
+        if not hasattr(self._native, "program"):
+            self._programs = {}
+            self.replay_note = f"compiled replay not built: {nativemod.views_error()}"
+            return False
+        if os.environ.get("VSIM_NATIVE_REPLAY", "1") == "0":
+            self._programs, self.replay_note = {}, "turned off (VSIM_NATIVE_REPLAY=0)"
+            return False
+        return True
+
+    def _compile(self, tg: nativemod.Targets) -> None:
+        """After an iteration that logged its replays: their programs, and the frame flags
+        that capture what the programs read (no call into Python at a frame only a program
+        needs), or the reason the replay stays in Python."""
+        logs, self._logs = self._logs, None
+        assert logs is not None
+        rcs = [rc for rcs in self.recompute_before.values() for rc in rcs]
+        why = next((lg.why for lg in logs.values() if lg.why), None)
+        if why is None and any(id(rc) not in logs for rc in rcs):
+            why = "a recomputation did not run in the iteration that compiles"
+        if why is not None:
+            self._programs, self.replay_note = {}, f"recomputation replayed in Python: {why}"
+            return
+        nat = self._native
+        self._programs = {id(rc): (nat.program(logs[id(rc)].steps), logs[id(rc)].targets,
+                                   logs[id(rc)].extra) for rc in rcs}
+        self._programs_tg = tg
+        captured = {st[0]: st[1] for lg in logs.values() for st in lg.steps}
+        flags: dict[int, int] = {}
+        for key in tg.frame_flags:
+            k = tg.frame_call.get(key)
+            nf = 2 if key in tg.frame_watch or (k is not None and k in self.constant_calls) \
+                else 0
+            if key in captured:
+                nf |= 8 | (16 if captured[key] else 0)
+            if nf:
+                flags[key] = nf
+        self._compiled_flags = flags
+        self.replay_note = None
 
     def _pack_callback(self, tid: int, t: torch.Tensor) -> None:
         """A save where calibration found trace tensor `tid` (counter.cpp's Packs)."""
@@ -342,6 +409,13 @@ class NativeRuns:
         def advance(self, op: int) -> None: ...
 
         def rng_state(self) -> Any: ...
+
+        def _captured(self, frames: int, ns: int) -> None: ...
+
+        recompute_before: dict[int, list[Any]]
+        device: torch.device
+        _compiled_iteration: bool
+        _logs: dict[int, Any] | None
 
         def on_call(self, func: Any, args: Any, kwargs: Any, out: Any, rng: Any,
                     k: int) -> bool: ...

@@ -72,6 +72,11 @@ def _leaves(x: Any) -> list[Any]:
     return [x]
 
 
+def _tensor_leaves(args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among a call's arguments, in the order `_map` visits them."""
+    return [x for x in _leaves([args, kwargs]) if isinstance(x, torch.Tensor)]
+
+
 _ARG_AT: dict[tuple[Any, str], tuple[int, bool] | None] = {}
 
 
@@ -197,6 +202,62 @@ def written_args(func: Any) -> tuple[tuple[int, str], ...]:
     return got
 
 
+# argument sources and output kinds of a compiled replay (replay.cpp's Source and OutKind)
+ENV, OWN, ASIS = 0, 1, 2
+NO_PROTECT, SCRATCH, CLONE = 0, 1, 2
+OUT_ENV, OUT_TARGET = 0, 1
+
+
+class _ProgramLog:
+    """What one Python replay of a Recompute decided, step by step, as replay.cpp's program:
+    per replayed call its frame, where each tensor argument came from (the output of an
+    earlier step, its own storage as captured, or the captured tensor itself), how it was
+    protected, and what became of its outputs. The calls and their data flow repeat every
+    iteration, so later iterations run the program in C++ (docs/design.md, "The compiled
+    replay"). A replay that took a path the program cannot express (a stale state read
+    loosely, a tensor copied into place, a call without its own frame) marks the log failed,
+    and the executor keeps replaying in Python."""
+
+    def __init__(self, frame_of: dict[int, int]) -> None:
+        self.frame_of = frame_of
+        self.steps: list[tuple[Any, ...]] = []
+        self.origin: dict[int, tuple[int, int]] = {}  # storage key -> (step, output leaf)
+        self.targets: list[int] = []                  # trace tensors, as replay passes them
+        self.extra = 0                                # steps that re-run in-place updates
+        self.why: str | None = None
+        self.args: list[tuple[Any, ...]] = []         # the step being logged
+        self.outs: list[tuple[int, int, int]] = []
+
+    def fail(self, why: str) -> None:
+        if self.why is None:
+            self.why = why
+
+    def arg(self, r: Any, source: int, live: bool = False, fresh: bool = False) -> None:
+        slot = len(self.args)
+        if source == ASIS:
+            self.args.append((slot, ASIS, -1, -1, False, False, NO_PROTECT, None, r.dtype, 0,
+                              [], []))
+            return
+        step, leaf = self.origin.get(r.key, (-1, -1)) if source == ENV else (-1, -1)
+        if source == ENV and step < 0:
+            self.fail("an argument read from a rebuilt storage whose step is unknown")
+        self.args.append((slot, source, step, leaf, live, fresh, NO_PROTECT, None, r.dtype,
+                          r.offset, list(r.size), list(r.stride)))
+
+    def protect(self, slot: int, how: int, scratch: Any) -> None:
+        a = self.args[slot]
+        self.args[slot] = (*a[:6], how, scratch, *a[8:])
+
+    def step(self, call: RecordedCall, what: str, extra: bool) -> None:
+        key = self.frame_of.get(call.index)
+        if key is None:
+            self.fail(f"{call.func} (call {call.index}) has no frame of its own")
+        self.steps.append((key if key is not None else -1, call.rng is not None, what,
+                           self.args, self.outs))
+        self.extra += extra
+        self.args, self.outs = [], []
+
+
 class Recomputation:
     """The Executor's recording and recomputation (a mixin: the state it works on is the
     executor's, set up in Executor.__init__ and Executor._begin)."""
@@ -221,6 +282,13 @@ class Recomputation:
     tracker_used: str
     track_until: int
     act: Any  # the native extension's actions and views, or None (vsim.runtime.native)
+    _native: Any  # the native extension (vsim.runtime.nativerun)
+    # the compiled replay (vsim.runtime.nativerun's _compile): the programs, and this
+    # iteration's logs while compiling and whether it runs them
+    _programs: dict[int, tuple[Any, list[int], int]] | None
+    _frame_of_call: dict[int, int]
+    _logs: dict[int, _ProgramLog] | None
+    _compiled_iteration: bool
 
     def keep_constant(self, out: Any) -> None:
         """Keep the small tensors a constant-making call returned (see CONSTANT_FUNCS) for the
@@ -248,6 +316,8 @@ class Recomputation:
         acted = k in self.constant_calls
         if acted:
             self.keep_constant(out)
+        if self._compiled_iteration:
+            return acted  # the frames the programs replay are captured in C++
         op = self.map.call_op[k]
         rec = self.recording.get(op)
         if rec is not None:
@@ -359,7 +429,13 @@ class Recomputation:
         the next block's conv1, which read it after `out += identity` and the ReLU; a chain
         that starts at an in-place SiLU whose input is kept must not apply it a second time.
         A state that is gone raises ExecutorError (strict) or is read as it is
-        (`inplace_missed`)."""
+        (`inplace_missed`). Where the replay has been compiled, its program runs in C++
+        (`_replay_compiled`)."""
+        if self._compiled_iteration:
+            prog = self._programs.get(id(rc)) if self._programs else None
+            if prog is not None:
+                self._replay_compiled(rc, *prog)
+                return
         target: dict[int, int] = {}
         for t in rc.tensors:
             if self.state.get(t) != "dropped":
@@ -371,6 +447,11 @@ class Recomputation:
         at: dict[int, int] = {}       # ... and the call whose write it holds
         made_by: dict[int, torch.Tensor] = {}  # ... and the tensor that call returned there
         what = _Describe(rc)  # for errors only: formatted when one is raised
+        log = None  # the program this replay compiles to, in the iteration that compiles
+        if self._logs is not None:
+            log = self._logs[id(rc)] = _ProgramLog(self._frame_of_call)
+            log.targets = list(target.values())
+            tindex = {key: i for i, key in enumerate(target)}
 
         chain = sorted((c for op in rc.ops for c in self.recording.get(op, ())),
                        key=lambda c: c.index)
@@ -400,13 +481,15 @@ class Recomputation:
             try:
                 try:
                     args, kwargs = self._resolve(call, env, at, target, from_storage, False,
-                                                 made_by)
+                                                 made_by, log)
                 except _Stale:
                     if k in extra or self.strict:
                         raise
+                    if log is not None:
+                        log.fail("a recorded call read a state only a later one is left of")
                     from_storage.clear()
                     args, kwargs = self._resolve(call, env, at, target, from_storage, True,
-                                                 made_by)
+                                                 made_by, log)
                     self.stats.inplace_missed += 1
             except (_Gone, _Stale) as exc:
                 op = self.map.call_op[k]
@@ -422,6 +505,8 @@ class Recomputation:
                         "producer, or the tensor must not be dropped)") from None
                 if not any(key in target for key in call.inplace):
                     continue  # readers of the storage find its state kept, or fail themselves
+                if log is not None:
+                    log.fail("an in-place update of a rebuilt tensor could not be re-run")
                 if self.strict:
                     raise ExecutorError(
                         f"recomputing {what}: op {op} ({self.map.op_names[op]}) updated a "
@@ -431,11 +516,21 @@ class Recomputation:
                         "in-place ops, or the tensor must not be dropped)") from None
                 self.stats.inplace_missed += 1
                 continue
-            self._protect_mutated(call, args, kwargs, from_storage)
+            if log is not None and from_storage:
+                before = _tensor_leaves(args, kwargs)
+                self._protect_mutated(call, args, kwargs, from_storage)
+                scratch = [id(v) for v in self.scratch.values()]
+                for i, (x, y) in enumerate(zip(before, _tensor_leaves(args, kwargs), strict=True)):
+                    if x is not y:
+                        log.protect(i, SCRATCH if id(y) in scratch else CLONE,
+                                    y if id(y) in scratch else None)
+            else:
+                self._protect_mutated(call, args, kwargs, from_storage)
             out = self._call(call, args, kwargs)
             self.stats.recomputed_calls += 1
             self.stats.inplace_rerun += k in extra
             leaves = _leaves(out)
+            step = len(log.steps) if log is not None else -1
             for j, key in call.out_keys:
                 o = leaves[j]
                 ost = o.untyped_storage()
@@ -449,17 +544,25 @@ class Recomputation:
                 t_or_none = target.get(key)
                 if t_or_none is None:
                     env[key], at[key], made_by[key] = ost, k, o
+                    if log is not None:
+                        log.outs.append((j, OUT_ENV, -1))
+                        log.origin[key] = (step, j)
                     continue
                 t = t_or_none
                 tst = self._storage(t)
                 if tst is None:
                     continue
+                if log is not None:
+                    log.outs.append((j, OUT_TARGET, tindex[key]))
+                    log.origin[key] = (step, j)
                 if tst.nbytes() == 0:
                     n = self.nbytes[t]
                     swap = _swapper() if ost.nbytes() == n else None
                     if swap is not None:
                         swap(tst, ost)
                     else:
+                        if log is not None:
+                            log.fail("a recomputed tensor was copied into place")
                         self.stats.skipped["recomputed tensor copied into place"] += 1
                         tst.resize_(n)
                         view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
@@ -468,6 +571,40 @@ class Recomputation:
                     self.state[t] = "device"
                 env[key], at[key] = tst, k
                 made_by.pop(key, None)
+            if log is not None:
+                log.step(call, f"recomputing {what}: {call.func} of op {self.map.call_op[k]}",
+                         k in extra)
+
+    def _replay_compiled(self, rc: Recompute, program: Any, targets: list[int],
+                         extra: int) -> None:
+        """Recompute `rc` by its program (replay.cpp) from this iteration's captured frames.
+        Its targets must be the ones it was compiled with (the plan's drops repeat)."""
+        now: dict[int, int] = {}
+        for t in rc.tensors:
+            st = self._storage(t) if self.state.get(t) == "dropped" else None
+            if st is not None:
+                now[id(st)] = t
+        if list(now.values()) != targets:
+            raise ExecutorError(f"recomputing {_Describe(rc)}: the tensors to rebuild are "
+                                f"{list(now.values())}, the compiled replay's {targets}")
+        try:
+            rebuilt, calls, ns = self._native.replay(
+                program, [(self._storage(t), self.nbytes[t]) for t in targets])
+        except RuntimeError as exc:
+            if str(exc).startswith("vsim replay:"):
+                raise ExecutorError(str(exc)) from None
+            raise
+        for i in rebuilt:
+            self.state[targets[i]] = "device"
+        self.stats.recomputed_calls += calls
+        self.stats.inplace_rerun += extra
+        self.stats.replay_call_us += ns / 1e3
+
+    def _captured(self, frames: int, ns: int) -> None:
+        """The frames a compiled iteration captured for its programs: the recording's cost."""
+        self.stats.recorded_calls += frames
+        self.stats.record_us += ns / 1e3
+        self.stats.host_us += ns / 1e3
 
     def _state_before(self, key: int, k: int) -> int:
         """The call whose write a storage held when call k read it (-1: none seen)."""
@@ -486,7 +623,8 @@ class Recomputation:
 
     def _resolve(self, call: RecordedCall, env: dict[int, Any], at: dict[int, int],
                  target: dict[int, int], from_storage: set[int], loose: bool,
-                 made_by: dict[int, torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
+                 made_by: dict[int, torch.Tensor],
+                 log: _ProgramLog | None = None) -> tuple[list[Any], dict[str, Any]]:
         """The call's arguments, each in the state the call read (see `_recompute`):
         `env`'s storage when it holds that state, else the storage itself when nothing wrote
         to it since (added to `from_storage`). `loose`: a later state where the one read is
@@ -497,20 +635,27 @@ class Recomputation:
         offset, sizes, strides and dtype), it is passed as it is rather than as a new view
         (two dispatcher calls, the largest part of resolving), unless the call writes to it
         (an in-place metadata change would reach that tensor). With the native extension the
-        check and the new view are one call each (views.cpp)."""
+        check and the new view are one call each (views.cpp). `log`: where each tensor argument
+        came from, for the compiled replay (_ProgramLog)."""
         k = call.index
+        if log is not None:
+            log.args = []
         act = self.act  # the native extension, or None (Python views)
         if act is not None and not hasattr(act, "view_of"):
             act = None  # built without views.cpp (vsim.runtime.native.views_error)
 
         def resolve(r: Any) -> Any:
             if not isinstance(r, TensorRef):
+                if log is not None and isinstance(r, torch.Tensor):
+                    log.arg(r, ASIS)
                 return r
             st = env.get(r.key)
+            source, live = ENV, False
             if st is None and r.key in target:
                 st = r.storage()  # the rebuilt tensor, before the chain makes it
                 if st is None:
                     raise _Gone
+                source = OWN
             elif st is None or (at[r.key] != self._state_before(r.key, k)
                                 and r.key not in call.unversioned):
                 held = self._live(r.key)
@@ -521,8 +666,11 @@ class Recomputation:
                       or r.key in call.unversioned):
                     st = held
                     from_storage.add(r.key)
+                    source, live = OWN, True
                 elif st is None or not loose:
                     raise _Stale
+            if log is not None:
+                log.arg(r, source, live, r.key in call.inplace)
             if r.key not in call.inplace:
                 for o in (made_by.get(r.key), r.tensor() if r.tensor is not None else None):
                     if o is None:
@@ -538,6 +686,8 @@ class Recomputation:
                 view = act.view_of(st, r.dtype, r.offset, r.size, r.stride)
                 if view is not None:
                     return view
+            if log is not None:
+                log.fail("a view its storage is too small for (set_ resizes it)")
             return torch.empty(0, dtype=r.dtype, device=r.device).set_(st, r.offset, r.size,
                                                                        r.stride)
 

@@ -175,7 +175,11 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_iterations_timed": len(runs),
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
             "iterations": ex.iterations, "tracker": stats.tracker,
-            "tracker_note": ex.tracker_note, "workspace_free_squeezed": ex.squeezed,
+            "tracker_note": ex.tracker_note,
+            # the recomputation's replay: run by its compiled programs in C++, or in Python
+            "replay": (None if not ex.recompute_before else
+                       "compiled" if stats.tracker == "native" and ex._programs else "python"),
+            "replay_note": ex.replay_note, "workspace_free_squeezed": ex.squeezed,
             "workspace_free_missed": ex.squeeze_missed}
 
 

@@ -40,13 +40,17 @@ from pathlib import Path
 from typing import Any
 
 # counter.cpp: the tracker and the saved-tensor hooks; actions.cpp: the executor's offload and
-# prefetch as one call each; views.cpp: the replay's views of recorded arguments
-SOURCES = tuple(Path(__file__).with_name(f) for f in ("counter.cpp", "actions.cpp", "views.cpp"))
+# prefetch as one call each; views.cpp: the replay's views of recorded arguments; replay.cpp:
+# the compiled replay of recomputations
+SOURCES = tuple(Path(__file__).with_name(f)
+                for f in ("counter.cpp", "actions.cpp", "views.cpp", "replay.cpp"))
+# the newest parts, left out (with their -D flags) where the whole does not build
+_OPTIONAL = {"views.cpp": "-DVSIM_NO_VIEWS", "replay.cpp": "-DVSIM_NO_REPLAY"}
 
 _MODULE: Any = None
 _ERROR: str | None = None        # why load() gave None
 _BUILD_ERROR: str | None = None  # why the extension could not be built
-_VIEWS_ERROR: str | None = None  # why it was built without views.cpp
+_VIEWS_ERROR: str | None = None  # why it was built without views.cpp and replay.cpp
 
 
 def load() -> Any:
@@ -67,10 +71,10 @@ def actions() -> Any:
 
 
 def _build() -> Any:
-    """The extension from SOURCES; where that fails, without the newest part (views.cpp,
-    compiled out by VSIM_NO_VIEWS: the replay then makes its views in Python), so that a
-    build problem there (a torch whose headers differ) does not cost the tracker and the
-    actions. `views_error()` says why the views are missing."""
+    """The extension from SOURCES; where that fails, without the newest parts (views.cpp and
+    replay.cpp, compiled out by VSIM_NO_VIEWS and VSIM_NO_REPLAY: the replay then runs and
+    makes its views in Python), so that a build problem there (a torch whose headers differ)
+    does not cost the tracker and the actions. `views_error()` says why they are missing."""
     global _MODULE, _ERROR, _BUILD_ERROR, _VIEWS_ERROR
     if _MODULE is not None or _BUILD_ERROR is not None:
         if _BUILD_ERROR is not None:
@@ -90,10 +94,10 @@ def _build() -> Any:
         return _MODULE
     except Exception as exc:  # noqa: BLE001  (a missing compiler or ninja, other headers)
         _VIEWS_ERROR = _why(exc)
-    core = [p for p in SOURCES if p.name != "views.cpp"]
+    core = [p for p in SOURCES if p.name not in _OPTIONAL]
     try:
         _MODULE = build(name=f"vsim_native_tracker_core_{tag}", sources=[str(p) for p in core],
-                        extra_cflags=["-O2", "-DVSIM_NO_VIEWS"], verbose=False)
+                        extra_cflags=["-O2", *_OPTIONAL.values()], verbose=False)
     except Exception as exc:  # noqa: BLE001
         _ERROR = _BUILD_ERROR = _why(exc)
         _MODULE = None
@@ -106,7 +110,7 @@ def _why(exc: Exception) -> str:
 
 
 def views_error() -> str | None:
-    """Why the extension was built without the replay's views, or None."""
+    """Why the extension was built without the replay's views and compiled replay, or None."""
     return _VIEWS_ERROR
 
 

@@ -25,11 +25,23 @@
 #include <unordered_map>
 #include <vector>
 
+#ifndef VSIM_NO_REPLAY
+namespace vsim_replay {  // replay.cpp
+void clear();
+at::Tensor rng_now();
+void capture(int64_t key, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+             at::Tensor rng);
+}  // namespace vsim_replay
+#endif
+
 namespace {
 
 constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
 enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4 };
+// frame flags of the compiled replay (replay.cpp): capture the frame's arguments, and its RNG
+// state before it runs
+enum CaptureFlag : uint8_t { CAPTURE = 8, CAPTURE_RNG = 16 };
 
 // Frames: within a counted call, the calls made above autograd (the counted call itself, the
 // calls a composite decomposes into, autocast's casts): the calls a Python dispatch mode sees,
@@ -224,11 +236,15 @@ void run_frame(const c10::OperatorHandle& op, c10::DispatchKeySet ks, c10::Dispa
     }
   }
   std::vector<c10::IValue> args;
-  if (ff & POST) {
+  if (ff & (POST | CAPTURE)) {
     const size_t n = op.schema().arguments().size();
     args.assign(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
   }
   if (ff & PRE) frame_call_back(c, j, op, nullptr, stack);
+#ifndef VSIM_NO_REPLAY
+  at::Tensor rng;
+  if (ff & CAPTURE_RNG) rng = vsim_replay::rng_now();
+#endif
   {
     Running r(j);
     if (!ks.has_any(c10::autograd_dispatch_keyset)) {
@@ -238,6 +254,9 @@ void run_frame(const c10::OperatorHandle& op, c10::DispatchKeySet ks, c10::Dispa
       op.redispatchBoxed(after, stack);
     }
   }
+#ifndef VSIM_NO_REPLAY
+  if (ff & CAPTURE) vsim_replay::capture(frame_key(c, j), op, args, std::move(rng));
+#endif
   if (ff & POST) frame_call_back(c, j, op, &args, stack);
 }
 
@@ -299,6 +318,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 }
 
 void do_begin() {
+#ifndef VSIM_NO_REPLAY
+  vsim_replay::clear();
+#endif
   S.count = 0;
   S.paused = false;
   S.diverged.clear();
@@ -442,6 +464,9 @@ void init_actions(py::module& m);  // actions.cpp
 #ifndef VSIM_NO_VIEWS
 void init_views(py::module& m);    // views.cpp
 #endif
+#ifndef VSIM_NO_REPLAY
+void init_replay(py::module& m);   // replay.cpp
+#endif
 
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
@@ -470,5 +495,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_actions(m);
 #ifndef VSIM_NO_VIEWS
   init_views(m);
+#endif
+#ifndef VSIM_NO_REPLAY
+  init_replay(m);
 #endif
 }
