@@ -55,15 +55,22 @@ CACHING = make_allocator("caching")
 
 @st.composite
 def networks(draw):
-    """Random chains with PyTorch's semantics (tests/netbuilder.py), 2..10 layers."""
-    layers = []
+    """Random networks with PyTorch's semantics (tests/netbuilder.py), 2..10 layers: chains,
+    and residual connections (an add of the input of a layer up to four places back, whose
+    gradients are summed in backward)."""
+    layers: list[tuple[str, int]] = []
     for _ in range(draw(st.integers(2, 10))):
         ty = draw(st.sampled_from(["conv", "conv", "pool", "fc"]))
         layers.append((ty, draw(st.integers(1, 50)) * M))
+        skips = [k for k in range(1, min(4, len(layers)) + 1)
+                 if layers[len(layers) - k][0] in ("conv", "fc", "pool", "add")]
+        if skips and draw(st.booleans()):
+            layers.append(("add", draw(st.sampled_from(skips))))
         if ty != "pool" and draw(st.booleans()):
             layers.append(("relu", 0))
     layers.append(("loss", 0))
-    us = {ty: float(draw(st.integers(100, 5_000))) for ty in ("conv", "fc", "pool", "relu", "loss")}
+    us = {ty: float(draw(st.integers(100, 5_000)))
+          for ty in ("conv", "fc", "pool", "relu", "loss", "add")}
     return torch_net(layers, draw(st.integers(1, 50)) * M, fwd_us=us,
                      weight_bytes=draw(st.integers(0, 5)) * M,
                      workspace_bytes=draw(st.integers(0, 20)) * M)
@@ -92,22 +99,44 @@ def test_optimal_fits_whenever_sqrt_or_every_k_fits_and_is_no_slower(net, frac):
             assert opt["iteration_time_us"] <= other["iteration_time_us"] * (1 + 1e-9), spec
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(net=networks(), lo=st.floats(0.3, 0.9),
-       spec=st.sampled_from(["recompute", "superneurons"]))
+       spec=st.sampled_from(["recompute", "superneurons", "hybrid", "accudnn", "vdnnpp",
+                             "layrub", "vdnn:mode=dyn"]))
 def test_capacity_aware_policies_fit_when_they_fit_with_less(net, lo, spec):
-    """Monotone in capacity: a policy that fits at some capacity fits at a larger one.
-    recompute (optimal) and superneurons: superneurons was found to fit at 0.5 of a random
-    net's peak and not at 0.6, and on gpt2-medium (80 GiB) at 8192 tokens but not 4096: its
-    plan for budget 0 ran out of memory (the caching allocator's pieces at the loss) and the
-    escalation gave up, while plans for budgets between fit (fitted.ESCALATION_LADDER). The
-    other capacity-aware policies are not checked yet."""
+    """Monotone in capacity: a policy that fits at some capacity fits at a larger one. Found
+    broken for superneurons (it fitted at 0.5 of a random net's peak and not at 0.6, and on
+    gpt2-medium (80 GiB) at 8192 tokens but not 4096: its plan for budget 0 ran out of memory
+    (the caching allocator's pieces at the loss) and the escalation gave up, while plans for
+    budgets between fit; fitted.ESCALATION_LADDER); checked for every capacity-aware policy."""
     peak = _peak(net)
     small, large = max(1, int(peak * lo)), max(1, int(peak * min(1.0, lo + 0.1)))
     resident = sum(t.size_bytes for t in net.tensors if t.producer is None)
     assume(small > resident)
     if _run(net, spec, small)["fits"]:
         assert _run(net, spec, large)["fits"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(net=networks(), frac=st.floats(0.3, 0.9))
+def test_search_fits_whenever_a_builtin_fits_and_is_no_slower(net, frac, tmp_path_factory):
+    """vsim search (a short budget) against every built-in on random networks: it fits
+    whenever one of them fits, is no slower than the fastest that fits, and reports how far
+    it is from its lower bound (never below it)."""
+    from vsim.search.run import run_search
+    from vsim.trace import save_trace
+
+    cap = max(1, int(_peak(net) * frac))
+    resident = sum(t.size_bytes for t in net.tensors if t.producer is None)
+    assume(cap > resident)
+    path = tmp_path_factory.mktemp("net") / "net.vsim.json.gz"
+    save_trace(net, path)
+    out = run_search(net, str(path), HW, cap, CACHING, budget_s=1, kicks=1)
+    best, found = out["best_builtin"], out["search"]
+    if best is not None:
+        assert found["fits"]
+        assert found["iteration_time_us"] <= best["iteration_time_us"] * (1 + 1e-9)
+        assert found["bound_gap"] is not None and found["bound_gap"] >= -1e-9
 
 
 @pytest.mark.parametrize("name,fractions", [("vgg16-b128-h100", (0.6, 0.7, 0.8, 0.9)),
