@@ -171,3 +171,16 @@ def test_escalation_finds_a_budget_that_fits_when_budget_0_does_not(seq, memory,
     trace = load_trace(TRACES / f"gpt2-medium-b8-s{seq}-bf16-adamw-synthetic.vsim.json.gz")
     report = simulate(trace, HW, make_policy(spec), CACHING, parse_size(memory)).report
     assert report["fits"], report["oom"]
+
+
+def test_a_policy_that_cannot_fit_says_why_its_most_eviction_did_not():
+    """gpt2-medium (batch 8, 16384 tokens, synthesized) at 46.99 GiB: SuperNeurons cannot fit
+    by its own rules. The note said "nor those for 15 budgets between it and 1 B" (all 15 of
+    them 0 B) and not why the plan with the most eviction failed; the full plan's failure (the
+    pinned host limit) is another."""
+    trace = load_trace(TRACES / "gpt2-medium-b8-s16384-bf16-adamw-synthetic.vsim.json.gz")
+    report = simulate(trace, HW, make_policy("superneurons"), CACHING,
+                      parse_size("46.99GiB")).report
+    note = next(n for n in report["notes"] if "by its own rules" in n)
+    assert "(planned for 0 B; out of device memory at op" in note, note
+    assert "budgets between" not in note and "(none left to try)" in note, note

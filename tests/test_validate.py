@@ -172,3 +172,37 @@ def test_a_repeat_under_another_tracker_is_refused_unless_one_has_none(tmp_path,
     assert main(["validate", str(tmp_path / "validation" / "cases"), "--json"]) == 1
     row = json.loads(capsys.readouterr().out)["cases"][0]
     assert row["measured"]["runs_fit"] == [True, False]
+
+
+def test_the_validation_table_shows_the_runtimes_own_host_share() -> None:
+    """Issue 13: the runtime's own host time per case, in the table, and over the runs whose
+    plan acts; each file's definition (three since 2026-11-26) read as it was written."""
+    from vsim.cli import format_validation
+    from vsim.validate import runtime_own_us
+
+    acts = {"offloads": 2, "releases": 0, "drops": 0, "recomputed_calls": 3,
+            "executor_host_us": 900.0, "executor_alloc_us": 100.0, "executor_copy_us": 200.0,
+            "executor_pool_wait_us": 0.0, "executor_event_us": 50.0,
+            "executor_recompute_us": 300.0, "executor_replay_call_us": 120.0,
+            "executor_record_us": 30.0}
+    now = {**acts, "executor_own_us": 400.0, "executor_own_includes_replay": True,
+           "executor_iterations_timed": 10}
+    medians = {**acts, "executor_own_us": 220.0, "executor_iterations_timed": 10}
+    assert runtime_own_us(now) == 400.0
+    assert runtime_own_us(medians) == 220.0 + 300.0 - 120.0 + 30.0  # recording, bookkeeping
+    assert runtime_own_us(acts) == 900.0 - 100.0 - 200.0 - 120.0 - 50.0  # parts subtracted
+    assert runtime_own_us({**acts, "offloads": 0, "recomputed_calls": 0}) is None  # no plan
+    assert runtime_own_us(None) is None
+
+    def row(executed: dict | None) -> dict:
+        return {"id": "x", "ok": True,
+                "predicted": {"iteration_time_us": 1e4, "peak_allocated_bytes": 2**30,
+                              "fits": True},
+                "measured": {"iteration_time_us": 1e4, "peak_allocated_bytes": 2**30,
+                             "fits": True, "executed": executed},
+                "error": {"iteration_time": 0.0, "peak_allocated": 0.0, "peak_reserved": 0.0}}
+    summary = {"n": 2, "ok": 2, "time_mape": 0.0, "peak_mape": 0.0, "fits_correct": 2}
+    text = format_validation({"cases": [row(now), row(None)], "summary": summary}).splitlines()
+    assert text[1].split()[-1] == "4.0%" and text[2].split()[-1] == "-"
+    assert any(line.startswith("own:") and "median 4.0%" in line and "1 run(s)" in line
+               for line in text)

@@ -249,6 +249,36 @@ def repeat_spread(measured: dict[str, Any]) -> dict[str, float] | None:
     return {"min_us": vals[0], "max_us": vals[-1], "relative": (vals[-1] - vals[0]) / mid}
 
 
+def runtime_own_us(executed: dict[str, Any] | None) -> float | None:
+    """The host time of vsim's runtime itself in a measured iteration (issue 13): all of the
+    executor's host time but what any runtime of the plan waits for or calls (allocations,
+    copy launches, pinned-pool waits, the actions' event and stream calls, the replayed calls
+    themselves). None without an executor, or for a plan with nothing to carry out. Runs
+    with `executor_own_includes_replay` (from 2026-11-27 03:30 UTC) report it as
+    `executor_own_us` (per iteration, then the median); runs since the medians (2026-11-27)
+    report `executor_own_us` without the recording and the replay's bookkeeping, added back
+    here (steady between iterations, unlike the allocator's waits under a cap); earlier runs
+    have their parts subtracted (one iteration's)."""
+    ex = executed
+    if not ex or "executor_replay_call_us" not in ex or not (
+            ex["offloads"] or ex["releases"] or ex["drops"] or ex["recomputed_calls"]):
+        return None
+    if ex.get("executor_own_includes_replay"):
+        return float(ex["executor_own_us"])
+    if "executor_own_us" in ex and "executor_iterations_timed" in ex:
+        return float(ex["executor_own_us"] + ex["executor_recompute_us"]
+                     - ex["executor_replay_call_us"] + ex["executor_record_us"])
+    waits = (ex["executor_alloc_us"] + ex["executor_copy_us"] + ex["executor_pool_wait_us"]
+             + ex["executor_replay_call_us"] + ex.get("executor_event_us", 0.0))
+    return float(ex["executor_host_us"] - waits)
+
+
+def runtime_own_share(measured: dict[str, Any]) -> float | None:
+    """`runtime_own_us` over the measured iteration time, or None."""
+    own, it = runtime_own_us(measured.get("executed")), measured.get("iteration_time_us")
+    return None if own is None or not it else own / it
+
+
 def measured_tracker(measured: dict[str, Any]) -> str | None:
     """The op tracker the measured run's executor used (`executed.tracker`; runs before the
     native tracker used the Python one); None without an executor (the runtime's choice), and

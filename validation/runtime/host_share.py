@@ -2,8 +2,8 @@
 (`executed.executor_host_us`) and its own part, the host work that is vsim's runtime's rather
 than PyTorch calls a plan needs whatever runs it (allocations, copy launches, pinned-pool
 waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026-11-26 08:30
-UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27): see
-`own_us`.
+UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27):
+vsim.validate's `runtime_own_us`.
 Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
@@ -17,24 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
+from vsim.validate import runtime_own_us
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def own_us(ex: dict) -> float:
-    """The runtime's own host time per iteration. Runs with `executor_own_includes_replay`
-    (from 2026-11-27 03:30 UTC) report it as `executor_own_us`: the median over the measured
-    iterations of each one's own time. Runs since the medians (2026-11-27) report
-    `executor_own_us` without the recording and the replay's bookkeeping: those are added
-    back (steady from one iteration to the next, unlike the allocator's waits under a cap).
-    Earlier runs: their parts' times subtracted (one iteration's)."""
-    if ex.get("executor_own_includes_replay"):
-        return ex["executor_own_us"]
-    if "executor_own_us" in ex and "executor_iterations_timed" in ex:
-        return (ex["executor_own_us"] + ex["executor_recompute_us"]
-                - ex["executor_replay_call_us"] + ex["executor_record_us"])
-    waits = (ex["executor_alloc_us"] + ex["executor_copy_us"] + ex["executor_pool_wait_us"]
-             + ex["executor_replay_call_us"] + ex.get("executor_event_us", 0.0))
-    return ex["executor_host_us"] - waits
 
 
 def main() -> None:
@@ -54,7 +39,9 @@ def main() -> None:
             continue
         if args.hardware and d.get("hardware") != args.hardware:
             continue
-        rows.append((d["id"], ex["executor_host_us"] / it, own_us(ex) / it, ex.get("tracker")))
+        own = runtime_own_us(ex)
+        assert own is not None
+        rows.append((d["id"], ex["executor_host_us"] / it, own / it, ex.get("tracker")))
     if not rows:
         raise SystemExit("no measured run with executor_replay_call_us")
     print("| run | executor host share | own share | tracker |")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,10 +129,19 @@ def _or_dash(fmt: Callable[[Any], str], value: Any) -> str:
 
 
 def format_validation(result: dict[str, Any]) -> str:
+    from ..validate import runtime_own_share
+
     lines = [f"{'case':38} {'time pred':>10} {'meas':>10} {'err':>7}  {'peak pred':>10} "
-             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok"]
+             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok   own"]
+    shares: list[float] = []
+    native: list[float] = []  # runs of the runtime with the C++ actions
     for r in result["cases"]:
         p, m, e = r["predicted"], r["measured"], r["error"]
+        own = runtime_own_share(m)  # the runtime's own host share of the measured iteration
+        if own is not None:
+            shares.append(own)
+            if "executor_event_us" in (m.get("executed") or {}):
+                native.append(own)
         fits = ("plan!" if "plan_error" in r else
                 ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!"))
         lines.append(
@@ -141,7 +151,8 @@ def format_validation(result: dict[str, Any]) -> str:
             f"{_or_dash(format_size, p['peak_allocated_bytes']):>10} "
             f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
             f"{pct(e['peak_allocated']):>7}  "
-            f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS'}"
+            f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS':4} "
+            f"{_or_dash(lambda x: f'{100 * x:.1f}%', own):>5}"
             + (" *" if r.get("plan_changed") else ""))
     lines += [f"{r['id']}: the policy's plan does not run: {r['plan_error']}"
               for r in result["cases"] if "plan_error" in r]
@@ -149,6 +160,12 @@ def format_validation(result: dict[str, Any]) -> str:
     lines.append(f"{s['n']} cases, {s['ok']} within tolerance; iteration-time MAPE "
                  f"{pct(s['time_mape']).lstrip('+')}, peak-allocated MAPE "
                  f"{pct(s['peak_mape']).lstrip('+')}, fits right in {s['fits_correct']}/{s['n']}")
+    for what, got in (("", shares), (" with the C++ actions (since 2026-11-27)", native)):
+        if got:
+            lines.append(
+                f"own: vsim's runtime's own host time over the measured iteration, {len(got)} "
+                f"run(s) whose plan acts{what}: median {100 * statistics.median(got):.1f}%, "
+                f"largest {100 * max(got):.1f}%, over 10% in {sum(x > 0.1 for x in got)}")
     if s.get("with_repeats"):
         lines.append(f"the measured runs' own iterations vary by a median "
                      f"{pct(s['median_repeat_spread']).lstrip('+')} (max - min over median, "

@@ -174,13 +174,16 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     # four times its screening (SCREEN_ITERATIONS). Of the plans that pass their screening,
     # the fastest goes on to a whole run (the highest budget is not always the fastest:
     # vDNN++'s prefetches); the whole run of a screening goes on from where it stopped.
-    found = _escalate(judge.screen, build, forced, top, SCREENED_LADDER)
+    most: list[dict[str, Any]] = []  # the report of the plan with the most eviction
+    found = _escalate(judge.screen, build, forced, top, SCREENED_LADDER, most)
     if found is None:  # no plan passes even its screening: none fits (out of memory is final)
+        between = (f"those for {SCREENED_LADDER} budgets between it and {format_size(top)}"
+                   if top > SCREENED_LADDER else f"any between it and {format_size(top)} "
+                   "(none left to try)")
         return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
-                       f"neither its plan with the most eviction (planned for 0 B) nor those "
-                       f"for {SCREENED_LADDER} budgets between it and {format_size(top)} fit "
-                       f"({judge.runs} profiling run(s)); this is the plan for the full "
-                       f"capacity"]
+                       f"neither its plan with the most eviction (planned for 0 B; "
+                       f"{_why_not(most[0])}) nor {between} fit ({judge.runs} profiling "
+                       f"run(s)); this is the plan for the full capacity"]
     cands = sorted(found, key=lambda c: c[0])
     best_fit, failed_at = _fastest_whole(judge, cands)
     if best_fit is not None:
@@ -258,18 +261,31 @@ def _fastest(judge: Judge, fitting: list[tuple[int, Plan]]) -> tuple[int, Plan]:
     return min(fitting, key=lambda c: (judge(c[1])["iteration_time_us"], -c[0]))
 
 
+def _why_not(report: dict[str, Any]) -> str:
+    """Why a run did not fit, in a few words: the memory that ran out and the request."""
+    o = report.get("oom") or {}
+    where = "before the first op" if o.get("op") is None else f"at op {o['op']}"
+    return (f"out of {o.get('memory', 'device')} memory {where}: "
+            f"{format_size(int(o.get('need_bytes', 0)))} needed, "
+            f"{format_size(int(o.get('free_bytes', 0)))} free")
+
+
 def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
-              forced: frozenset[int], top: int, ladder: int = ESCALATION_LADDER
+              forced: frozenset[int], top: int, ladder: int = ESCALATION_LADDER,
+              most_report: list[dict[str, Any]] | None = None
               ) -> list[tuple[int, Plan]] | None:
     """The plans (with their budgets) that `judge` finds to fit on the way: the policy's plan
-    for budget 0 (the most eviction its own rules allow); if that does not fit, a ladder of
-    `ladder` budgets evenly between 0 and `top`, highest first; from the first that
-    fits, a bisection over the budget up to `top` (a lower budget evicts more). None: no plan
-    on the ladder fits."""
+    for budget 0 (the most eviction its own rules allow; its report appended to
+    `most_report`); if that does not fit, a ladder of `ladder` budgets evenly between 0 and
+    `top`, highest first; from the first that fits, a bisection over the budget up to `top`
+    (a lower budget evicts more). None: no plan on the ladder fits."""
     found: list[tuple[int, Plan]] = []
     most = build(0, forced)
     lo, hi = 0, top
-    if judge(most)["fits"]:
+    report = judge(most)
+    if most_report is not None:
+        most_report.append(report)
+    if report["fits"]:
         found.append((0, most))
     else:
         # The plan for budget 0 is not always the likeliest to fit: a planner may fall back
