@@ -345,11 +345,30 @@ def test_a_native_prefetch_that_cannot_allocate_raises_as_resize_does() -> None:
     st.resize_(0)
     host = torch.empty(4, dtype=torch.uint8)
     with pytest.raises(Exception) as native_exc:
-        act.prefetch(st, 1 << 60, host, None, None, None, False)
+        act.prefetch(st, 1 << 60, host, 0, None, None, None, False)
     assert st.nbytes() == 0
     with pytest.raises(Exception) as python_exc:
         st.resize_(1 << 60)
     assert type(native_exc.value) is type(python_exc.value)
     with pytest.raises(RuntimeError, match="not released"):  # a storage that holds bytes
-        act.prefetch(torch.empty(4, dtype=torch.uint8).untyped_storage(), 4, host, None, None,
-                     None, False)
+        act.prefetch(torch.empty(4, dtype=torch.uint8).untyped_storage(), 4, host, 0, None,
+                     None, None, False)
+    with pytest.raises(RuntimeError, match=r"offset \+ n bytes"):  # past the host buffer
+        act.prefetch(st, 4, host, 2, None, None, None, False)
+    assert st.nbytes() == 0  # released again
+
+
+def test_native_actions_copy_at_an_offset_of_the_host_buffer() -> None:
+    """The C++ offload and prefetch take the host buffer and an offset (a pinned pool's slot)
+    and copy exactly the storage's bytes there and back."""
+    from vsim.runtime import native
+
+    act = native.actions()
+    src = torch.arange(6, dtype=torch.uint8)
+    st = src.untyped_storage()
+    buf = torch.zeros(16, dtype=torch.uint8)
+    done, _, _ = act.offload(st, buf, 5, None, None, False)
+    assert done is None and buf.tolist() == [0] * 5 + list(range(6)) + [0] * 5
+    st.resize_(0)
+    act.prefetch(st, 6, buf, 5, None, None, None, False)
+    assert src.tolist() == list(range(6))

@@ -476,14 +476,18 @@ class Executor(Recomputation, NativeRuns):
     def _view(self, st: Any) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
 
-    def _host_buffer(self, t: int, n: int) -> torch.Tensor:
+    def _host_buffer(self, t: int, n: int) -> tuple[torch.Tensor, int]:
+        """Where tensor t's `n` bytes go on the host: (a uint8 buffer, the offset in it), a
+        slot of the pinned pool or the tensor's own buffer (kept for later iterations). Not
+        sliced here: the C++ actions take the offset (a slice is a dispatcher call through
+        Python, 5-10 us a time)."""
         if self.pool is not None:
             t0 = time.perf_counter()
             got = self.pool.take(n)
             self.stats.pool_wait_us += (time.perf_counter() - t0) * 1e6
             if got is not None:
-                self.slot[t] = (got[0], n)
-                return got[1][:n]
+                self.slot[t] = (got, n)
+                return self.pool.buffer, got
             self.pool_overflow += 1
         buf = self.host.get(t)
         if buf is None or buf.numel() < n:
@@ -491,7 +495,7 @@ class Executor(Recomputation, NativeRuns):
                               pin_memory=self.gpu and self.plan.pinned)
             self.host[t] = buf
             self.host_allocated += n
-        return buf[:n]
+        return buf, 0
 
     def _offload(self, off: Offload) -> None:
         t = off.tensor
@@ -502,20 +506,28 @@ class Executor(Recomputation, NativeRuns):
         if st is None or st.nbytes() == 0:
             return
         n = st.nbytes()
-        host = self._host_buffer(t, n)
+        buf, at = self._host_buffer(t, n)
         if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
-            done, copy_ns, ns = self.act.offload(st, host, self.cs, self.d2h, self.plan.pinned)
+            done, copy_ns, ns = self.act.offload(st, buf, at, self.cs, self.d2h,
+                                                 self.plan.pinned)
             self.stats.copy_us += copy_ns / 1e3
             self.stats.event_us += (ns - copy_ns) / 1e3
             if done is not None:
                 self.out_ev[t] = done
-        elif self.gpu:
+            self._offloaded(t, n, off)
+            return
+        host = buf[at:at + n]
+        if self.gpu:
             src = self._view(st)
             self.d2h.wait_event(self.cs.record_event())
             self.out_ev[t] = self._copy_on(self.d2h, host, src)
             src.record_stream(self.d2h)
         else:
             host.copy_(self._view(st))
+        self._offloaded(t, n, off)
+
+    def _offloaded(self, t: int, n: int, off: Offload) -> None:
+        """Tensor t's copy out has been issued: its state, the counts, its release."""
         self.state[t] = "offloading"
         self.stats.offloads += 1
         self.stats.d2h_bytes += n
@@ -554,10 +566,10 @@ class Executor(Recomputation, NativeRuns):
         if st is None:
             return
         n = self.nbytes[t]
-        host = self._host_of(t, n)
+        buf, at = self._host_of(t)
         if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
             done, alloc_ns, copy_ns, ns = self.act.prefetch(
-                st, n, host, self.cs, self.h2d, self.out_ev.get(t), self.plan.pinned)
+                st, n, buf, at, self.cs, self.h2d, self.out_ev.get(t), self.plan.pinned)
             self.stats.alloc_us += alloc_ns / 1e3
             self.stats.copy_us += copy_ns / 1e3
             self.stats.event_us += (ns - alloc_ns - copy_ns) / 1e3
@@ -565,6 +577,7 @@ class Executor(Recomputation, NativeRuns):
                 self.in_ev[t] = done
             self._prefetched(t, n, done)
             return
+        host = buf[at:at + n]
         t0 = time.perf_counter()
         st.resize_(n)
         self.stats.alloc_us += (time.perf_counter() - t0) * 1e6
@@ -600,10 +613,11 @@ class Executor(Recomputation, NativeRuns):
         finally:
             torch.cuda.set_stream(self.cs)
 
-    def _host_of(self, t: int, n: int) -> torch.Tensor:
+    def _host_of(self, t: int) -> tuple[torch.Tensor, int]:
+        """Where tensor t's bytes are on the host (`_host_buffer`)."""
         if t in self.slot:
-            return self.pool.buffer[self.slot[t][0]:self.slot[t][0] + n]  # type: ignore[union-attr]
-        return self.host[t][:n]
+            return self.pool.buffer, self.slot[t][0]  # type: ignore[union-attr]
+        return self.host[t], 0
 
     def _give_slot(self, t: int, event: Any) -> None:
         slot = self.slot.pop(t, None)

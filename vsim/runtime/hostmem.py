@@ -43,7 +43,9 @@ class PinnedPool:
             self._give_back(p[1], p[2])
         return bool(done)
 
-    def take(self, size: int) -> tuple[int, torch.Tensor] | None:
+    def take(self, size: int) -> int | None:
+        """The offset of a slot of `size` bytes in `buffer` (waiting for copies to end where
+        none is free yet), or None where the pool cannot hold it."""
         size = (int(size) + 511) // 512 * 512
         while True:
             for n, (o, s) in enumerate(self.free):
@@ -51,7 +53,7 @@ class PinnedPool:
                     self.free[n] = (o + size, s - size)
                     if s == size:
                         del self.free[n]
-                    return o, self.buffer[o:o + size]
+                    return o
             if not self._collect(wait=True):
                 return None
 

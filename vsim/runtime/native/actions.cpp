@@ -52,6 +52,22 @@ at::Tensor bytes_of(const c10::Storage& st) {
   return v;
 }
 
+// `n` bytes of a 1-D uint8 host buffer from `offset`, made directly (slicing in Python cost a
+// dispatcher call through Python per offload and per prefetch, 5-10 us of host time each)
+at::Tensor host_bytes(const at::Tensor& buffer, int64_t offset, int64_t n) {
+  if (buffer.scalar_type() != at::kByte || buffer.dim() != 1 || offset < 0 || n < 0 ||
+      offset + n > buffer.numel())
+    throw std::invalid_argument("a host buffer of uint8 holding offset + n bytes");
+  auto key = c10::computeDispatchKey(at::kByte, at::kStrided, buffer.device());
+  at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(buffer.storage()), c10::DispatchKeySet(key), caffe2::TypeMeta::Make<uint8_t>());
+  const int64_t size[1] = {n}, stride[1] = {1};
+  v.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size, 1),
+                                                 c10::IntArrayRef(stride, 1),
+                                                 buffer.storage_offset() + offset);
+  return v;
+}
+
 // Events are made once and recorded again: creating and destroying a CUDA event per wait cost
 // about 10 us of host time each on the H100 host (cProfile, 2026-11-27). Re-recording is safe:
 // a stream's wait takes the event's record at the time of the wait.
@@ -135,13 +151,14 @@ std::optional<c10::Stream> copy_stream(py::handle compute, py::handle copy) {
 }
 
 // Offload: the copy stream waits for the compute stream and the storage's bytes are copied into
-// `host` on it (copy_bytes). Returns (the copy's end event or None, ns issuing the copy, ns in
-// all).
-py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::handle copy,
-                  bool non_blocking) {
+// the host buffer from `offset` on it (copy_bytes). Returns (the copy's end event or None, ns
+// issuing the copy, ns in all).
+py::tuple offload(py::handle storage, const at::Tensor& buffer, int64_t offset,
+                  py::handle compute, py::handle copy, bool non_blocking) {
   const auto start = Clock::now();
   const c10::Storage& st = storage_of(storage);
   at::Tensor src = bytes_of(st);
+  at::Tensor host = host_bytes(buffer, offset, static_cast<int64_t>(st.nbytes()));
   auto on = copy_stream(compute, copy);
   auto [done, ns] = copy_bytes(host, src, on, st, non_blocking);
   return py::make_tuple(done, ns, ns_since(start));
@@ -150,10 +167,10 @@ py::tuple offload(py::handle storage, at::Tensor host, py::handle compute, py::h
 // Prefetch: the released storage gets `n` bytes again (allocated on the current stream, the
 // compute stream, whose order protects earlier users of the memory), the copy stream waits
 // for the compute stream and for `after` (the offload's end event, or None), and the bytes come
-// back from `host` on it (copy_bytes). Returns (the copy's end event or None, ns in the
-// allocation, ns issuing the copy, ns in all).
-py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle compute,
-                   py::handle copy, py::handle after, bool non_blocking) {
+// back from the host buffer at `offset` on it (copy_bytes). Returns (the copy's end event or
+// None, ns in the allocation, ns issuing the copy, ns in all).
+py::tuple prefetch(py::handle storage, int64_t n, const at::Tensor& buffer, int64_t offset,
+                   py::handle compute, py::handle copy, py::handle after, bool non_blocking) {
   const auto start = Clock::now();
   const c10::Storage& st = storage_of(storage);
   c10::StorageImpl* impl = st.unsafeGetStorageImpl();
@@ -167,6 +184,14 @@ py::tuple prefetch(py::handle storage, int64_t n, at::Tensor host, py::handle co
     impl->set_nbytes(static_cast<size_t>(n));
   }
   const int64_t alloc_ns = ns_since(t0);
+  at::Tensor host;
+  try {
+    host = host_bytes(buffer, offset, n);
+  } catch (...) {  // the storage is left released, as a failed allocation leaves it
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, impl->device()));
+    impl->set_nbytes(0);
+    throw;
+  }
   at::Tensor dst = bytes_of(st);
   auto on = copy_stream(compute, copy);
   if (on && !after.is_none()) {
@@ -196,10 +221,11 @@ int64_t wait_stream(py::handle waiter, py::handle other) {
 
 void init_actions(py::module& m) {
   m.def("offload", torch::wrap_pybind_function(offload),
-        "offload(storage, host, compute, copy, non_blocking) -> (event, copy ns, ns)");
+        "offload(storage, host buffer, offset, compute, copy, non_blocking) -> (event, copy ns, "
+        "ns)");
   m.def("prefetch", torch::wrap_pybind_function(prefetch),
-        "prefetch(storage, n, host, compute, copy, after, non_blocking) -> (event, alloc ns, "
-        "copy ns, ns)");
+        "prefetch(storage, n, host buffer, offset, compute, copy, after, non_blocking) -> "
+        "(event, alloc ns, copy ns, ns)");
   m.def("wait_event", torch::wrap_pybind_function(wait_event));
   m.def("wait_stream", torch::wrap_pybind_function(wait_stream));
 }
