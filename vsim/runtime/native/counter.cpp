@@ -34,6 +34,16 @@ void capture(int64_t key, const c10::OperatorHandle& op, const std::vector<c10::
 }  // namespace vsim_replay
 #endif
 
+// Swaps two storages' memory (data pointer and size); also the compiled replay's (replay.cpp).
+void vsim_swap_storages(c10::StorageImpl* x, c10::StorageImpl* y) {
+  const size_t nx = x->nbytes(), ny = y->nbytes();
+  at::DataPtr py_ = y->set_data_ptr(at::DataPtr(nullptr, y->device()));
+  at::DataPtr px_ = x->set_data_ptr(std::move(py_));
+  y->set_data_ptr(std::move(px_));
+  x->set_nbytes(ny);
+  y->set_nbytes(nx);
+}
+
 namespace {
 
 constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
@@ -396,12 +406,7 @@ void do_swap_storages(py::handle a, py::handle b) {
   c10::StorageImpl* y = THPStorage_Unpack(b.ptr()).unsafeGetStorageImpl();
   if (x->device() != y->device())
     throw std::invalid_argument("swap_storages: storages on different devices");
-  const size_t nx = x->nbytes(), ny = y->nbytes();
-  at::DataPtr py_ = y->set_data_ptr(at::DataPtr(nullptr, y->device()));
-  at::DataPtr px_ = x->set_data_ptr(std::move(py_));
-  y->set_data_ptr(std::move(px_));
-  x->set_nbytes(ny);
-  y->set_nbytes(nx);
+  vsim_swap_storages(x, y);
 }
 
 // The saved-tensor hooks of armed iterations, in C++: a Python pack hook cost 4-9 us per saved

@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+void vsim_swap_storages(c10::StorageImpl* x, c10::StorageImpl* y);  // counter.cpp
+
 namespace vsim_replay {
 
 using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -208,14 +210,6 @@ at::Tensor view_of(const c10::intrusive_ptr<c10::StorageImpl>& st, const ArgPlan
   return v;
 }
 
-void swap(c10::StorageImpl* x, c10::StorageImpl* y) {
-  const size_t nx = x->nbytes(), ny = y->nbytes();
-  at::DataPtr py_ = y->set_data_ptr(at::DataPtr(nullptr, y->device()));
-  at::DataPtr px_ = x->set_data_ptr(std::move(py_));
-  y->set_data_ptr(std::move(px_));
-  x->set_nbytes(ny);
-  y->set_nbytes(nx);
-}
 
 struct Env {
   c10::intrusive_ptr<c10::StorageImpl> st;
@@ -357,7 +351,7 @@ py::tuple replay(const Program& p, py::list targets) {
         if (static_cast<int64_t>(ost->nbytes()) != n)
           fail(s.what + " rebuilt a tensor of " + std::to_string(ost->nbytes()) +
                " bytes for one of " + std::to_string(n));
-        swap(tst, ost);
+        vsim_swap_storages(tst, ost);
         rebuilt.push_back(o.target);
       }
       env[i][o.leaf] = Env{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(tst), at::Tensor()};
