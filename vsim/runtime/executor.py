@@ -42,7 +42,9 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   Other Retimes (durations only) are not executed.
 Offload, prefetch and the waits for their events are one C++ call each where the native
 extension is built (vsim/runtime/native/actions.cpp; `VSIM_NATIVE_ACTIONS=0`: the Python calls
-below, which do the same).
+below, which do the same). So is each recomputation from the second native iteration on: the
+first one's Python replay compiles to a program that replay.cpp runs (recompute.py's
+`_ProgramLog`; `VSIM_NATIVE_REPLAY=0`: the Python replay every iteration).
 On the CPU (tests) copies are synchronous and there are no streams or events.
 
 In parts: the dispatch mode in tracker.py, recording and recomputation in recompute.py (a mixin

@@ -2,6 +2,8 @@
 forward pass runs them (`RecordedCall`, arguments as `TensorRef` storage references, RNG state
 for random ops) and called again, outside autograd, before the op that needs their tensors
 (see vsim.runtime.executor's docstring). `Recomputation` is the Executor's part that does it.
+Under the native tracker, the first armed iteration's replays are logged as programs
+(`_ProgramLog`) that later iterations run in C++ (native/replay.cpp, `_replay_compiled`).
 """
 
 from __future__ import annotations
