@@ -438,13 +438,7 @@ class Recomputation:
             if prog is not None:
                 self._replay_compiled(rc, *prog)
                 return
-        target: dict[int, int] = {}
-        for t in rc.tensors:
-            if self.state.get(t) != "dropped":
-                continue
-            st = self._storage(t)
-            if st is not None:
-                target[self._key(st)] = t
+        target = {self._key(st): t for st, t in self._dropped(rc)}
         env: dict[int, Any] = {}      # storage key -> the storage this recomputation rebuilt
         at: dict[int, int] = {}       # ... and the call whose write it holds
         made_by: dict[int, torch.Tensor] = {}  # ... and the tensor that call returned there
@@ -577,15 +571,20 @@ class Recomputation:
                 log.step(call, f"recomputing {what}: {call.func} of op {self.map.call_op[k]}",
                          k in extra)
 
+    def _dropped(self, rc: Recompute) -> list[tuple[Any, int]]:
+        """(storage, trace tensor) of the tensors `rc` rebuilds that are dropped now."""
+        got = []
+        for t in rc.tensors:
+            st = self._storage(t) if self.state.get(t) == "dropped" else None
+            if st is not None:
+                got.append((st, t))
+        return got
+
     def _replay_compiled(self, rc: Recompute, program: Any, targets: list[int],
                          extra: int) -> None:
         """Recompute `rc` by its program (replay.cpp) from this iteration's captured frames.
         Its targets must be the ones it was compiled with (the plan's drops repeat)."""
-        now: dict[int, int] = {}
-        for t in rc.tensors:
-            st = self._storage(t) if self.state.get(t) == "dropped" else None
-            if st is not None:
-                now[id(st)] = t
+        now = {id(st): t for st, t in self._dropped(rc)}
         if list(now.values()) != targets:
             raise ExecutorError(f"recomputing {_Describe(rc)}: the tensors to rebuild are "
                                 f"{list(now.values())}, the compiled replay's {targets}")
