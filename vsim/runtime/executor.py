@@ -313,14 +313,13 @@ class Executor(Recomputation, NativeRuns):
             if st is None or st.nbytes() == self.nbytes[t]:
                 continue
             st.resize_(self.nbytes[t])
-            host = self.host.get(t)
-            if host is None and t in self.slot:
-                host = self.pool.buffer[self.slot[t][0]:self.slot[t][0] + self.nbytes[t]]  # type: ignore[union-attr]
-            if host is None:
+            got = self._host_of(t)
+            if got is None:
                 raise ExecutorError(f"input tensor {t} was released without a host copy")
+            buf, at = got
             if self.gpu:
                 self.cs.wait_stream(self.d2h)
-            self._view(st).copy_(host[:self.nbytes[t]])
+            self._view(st).copy_(buf[at:at + self.nbytes[t]])
             self.state[t] = "device"
             self.stats.skipped["input restored at the end"] += 1
 
@@ -568,7 +567,9 @@ class Executor(Recomputation, NativeRuns):
         if st is None:
             return
         n = self.nbytes[t]
-        buf, at = self._host_of(t)
+        got = self._host_of(t)
+        assert got is not None, t  # a tensor on the host went there through _host_buffer
+        buf, at = got
         if self.act is not None:  # one C++ call (vsim/runtime/native/actions.cpp)
             done, alloc_ns, copy_ns, ns = self.act.prefetch(
                 st, n, buf, at, self.cs, self.h2d, self.out_ev.get(t), self.plan.pinned)
@@ -615,11 +616,13 @@ class Executor(Recomputation, NativeRuns):
         finally:
             torch.cuda.set_stream(self.cs)
 
-    def _host_of(self, t: int) -> tuple[torch.Tensor, int]:
-        """Where tensor t's bytes are on the host (`_host_buffer`)."""
+    def _host_of(self, t: int) -> tuple[torch.Tensor, int] | None:
+        """Where tensor t's bytes are on the host (`_host_buffer`): this iteration's pool slot
+        first (an own buffer can be left from an iteration whose pool overflowed), or None."""
         if t in self.slot:
             return self.pool.buffer, self.slot[t][0]  # type: ignore[union-attr]
-        return self.host[t], 0
+        buf = self.host.get(t)
+        return None if buf is None else (buf, 0)
 
     def _give_slot(self, t: int, event: Any) -> None:
         slot = self.slot.pop(t, None)
