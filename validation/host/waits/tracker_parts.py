@@ -1,0 +1,105 @@
+"""The native tracker's host cost by part, on one model's training step (no plan): the step
+alone; under the counter alone (counter.cpp's boxed fallback counting every outermost aten
+call); under the saved-tensor hooks alone (the C++ pack and unpack, called through autograd's
+Python hook machinery); under both; and the runtime's own instrumented run (Session.run(
+"none", instrument=True): calibration, then native iterations with the hooks and counter
+armed). Iterations alternate between the variants (the host's speed drifts); each variant's
+host issue time (until the step returns, before the final synchronize) and iteration time are
+the medians of its iterations.
+
+    python validation/host/waits/tracker_parts.py MODEL BATCH TRACE [--iters 30] -o OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import torch  # noqa: E402
+
+from vsim.runtime import native  # noqa: E402
+from vsim.runtime.measure import Session  # noqa: E402
+from vsim.runtime.results import provenance  # noqa: E402
+from vsim.trace import load_trace  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("batch", type=int)
+    ap.add_argument("trace")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("-o", "--out", required=True)
+    args = ap.parse_args()
+    s = Session(args.model, args.batch, load_trace(args.trace), device=args.device)
+    m = native.actions()
+    if m is None:
+        raise SystemExit(f"no native module: {native.error()}")
+
+    def counted() -> None:
+        m.begin()
+        try:
+            s.step()
+        finally:
+            m.end()
+
+    def hooked() -> None:
+        m.arm_packs({}, None)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
+                s.step()
+        finally:
+            m.disarm_packs()
+
+    def both() -> None:
+        m.arm_packs({}, None)
+        m.begin()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
+                s.step()
+        finally:
+            m.end()
+            m.disarm_packs()
+
+    variants = {"plain": s.step, "counter": counted, "hooks": hooked, "counter+hooks": both}
+    issued: dict[str, list[float]] = {k: [] for k in variants}
+    total: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(3 + args.iters):
+        for name, f in variants.items():
+            s._sync()
+            t0 = time.perf_counter()
+            f()
+            t1 = time.perf_counter()
+            s._sync()
+            t2 = time.perf_counter()
+            if i >= 3:
+                issued[name].append((t1 - t0) * 1e6)
+                total[name].append((t2 - t0) * 1e6)
+    calls = m.count()
+    out: dict = {"model": args.model, "batch": args.batch, "counted_calls": calls,
+                 "iters": args.iters, "variants": {}}
+    for name in variants:
+        out["variants"][name] = {"host_issue_us": round(statistics.median(issued[name]), 1),
+                                 "iteration_us": round(statistics.median(total[name]), 1)}
+    for inst in (False, True):
+        r = s.run("none", iters=args.iters, instrument=inst)
+        out["variants"]["session" + ("-instrumented" if inst else "")] = {
+            "host_issue_us": r["host_issue_us"], "iteration_us": r["iteration_time_us"],
+            "executed": r.get("executed")}
+    out["provenance"] = provenance(s.device, " ".join(sys.argv))
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    for name, v in out["variants"].items():
+        print(f"  {args.model} {name:22s} issue {v['host_issue_us'] / 1e3:7.2f} ms  "
+              f"iteration {v['iteration_us'] / 1e3:7.2f} ms")
+    print(f"  counted calls {calls}")
+
+
+if __name__ == "__main__":
+    main()
