@@ -171,6 +171,26 @@ def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: 
     assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"] > 0
 
 
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "superneurons"])
+def test_native_iterations_can_leave_out_the_hooks_where_no_save_is_armed(cnn, monkeypatch,
+                                                                          policy: str) -> None:
+    """VSIM_NATIVE_HOOKS=armed: a native iteration runs without the saved-tensor hooks unless
+    some save is armed (superneurons' plan here acts on max pooling's indices, found at their
+    save; vDNN's on none); gradients and the bytes moved stay those of the run with them."""
+    trace, s = cnn
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    ref = s.run(policy, cap, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_HOOKS", "armed")
+    got = s.run(policy, cap, iters=2, warmup=1)
+    assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
+    assert got["check"]["bitwise_equal"], got["check"]
+    assert got["d2h_bytes"] == ref["d2h_bytes"]
+    assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"]
+    assert ref["executed"]["packs"] > 0
+    assert (got["executed"]["packs"] > 0) == (policy == "superneurons")
+
+
 def test_a_recorded_call_must_run_as_a_frame_of_its_own() -> None:
     """A call the plan records that ran inside another operator's frame (not as one of its
     own) cannot be called back at with its arguments: unsafe, the Python tracker runs."""
