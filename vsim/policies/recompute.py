@@ -745,13 +745,23 @@ class Checkpointing(FittedPolicy):
         best: tuple[float, str, Plan] | None = None
         if keep_us is not None:
             best = (keep_us, "no recomputation", keep)
-        lows = {id(p): max(floor + rc_us, judge.floor(p)) for rc_us, _, _, p in plans}
-
         def hopeless(low: float) -> bool:
             return best is not None and low * (1 - 1e-9) >= best[0]
 
-        for _, what, _, plan in plans:
-            if hopeless(lows[id(plan)]):
+        # A candidate's bound is the higher of the two; its host floor (a pass over the trace
+        # per plan, 60 ms on resnet1517) is asked only when there is a best to beat and the
+        # first does not rule it out: the same decisions.
+        floors: dict[int, float] = {}
+
+        def hopeless_plan(rc_us: float, plan: Plan) -> bool:
+            if best is None or hopeless(floor + rc_us):
+                return best is not None
+            if id(plan) not in floors:
+                floors[id(plan)] = judge.floor(plan)
+            return hopeless(floors[id(plan)])
+
+        for rc_us, what, _, plan in plans:
+            if hopeless_plan(rc_us, plan):
                 continue
             us = judge.time_if_fits(plan)
             if us is not None and (best is None or us < best[0]):
@@ -784,8 +794,8 @@ class Checkpointing(FittedPolicy):
         # DP's own escalation runs below, only when nothing else fits.)
         for escalate in (False, True):
             for rc_us, what, b, plan in plans:
-                low = floor + rc_us if b is cands[0][1] else lows[id(plan)]
-                if hopeless(low) or judge.time_if_fits(plan) is not None or \
+                if (hopeless(floor + rc_us) if b is cands[0][1] else hopeless_plan(rc_us, plan)) \
+                        or judge.time_if_fits(plan) is not None or \
                         (escalate and b is cands[0][1]):
                     continue
                 fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)
