@@ -504,49 +504,58 @@ class Segmenter:
         traces) was most of recompute optimal's planning time on ResNets and DenseNets."""
         if other is self or len(other_base) != len(base):
             return None
-        # Per entry, in the rows' order: whether any of its own slots moved, and whether its
-        # chain holds a changed op (counts over the entries' concatenated slots and chains)
-        slots, slot_ends, chains, chain_ends, own, rc_at = self._flat_entries()
-        mine = base[slots]
-        moved = np.concatenate([[0], np.cumsum(mine != other_base[slots])])
-        hit = moved[slot_ends[1:]] != moved[slot_ends[:-1]]
-        was = np.zeros(len(self.view.ops), dtype=bool)
-        pos = self.view.pos
-        was[[pos[o] for o in changed]] = True
-        chg = np.concatenate([[0], np.cumsum(was[chains])])
-        rechained = chg[chain_ends[1:]] != chg[chain_ends[:-1]]
-        redo, rechained_l = (hit | rechained).tolist(), rechained.tolist()
+        # Per entry, in the rows' order: whether any of its own slots moved (a slot s is one of
+        # them when its layer is the segment's and its maps span it, or it is the
+        # recomputation's: _new_own_profile's slots), and whether its chain holds a changed op
+        keys = self._entry_keys()
+        first, last, lo, hi, rc = self._entry_spans()
+        hit = np.zeros(len(keys), dtype=bool)
+        moved = np.flatnonzero(base != other_base)
+        for slot, layer in zip(moved.tolist(), self.slot_layer[moved].tolist(), strict=True):
+            hit |= ((first <= layer) & (layer <= last) & (lo <= slot) & (slot < hi)) \
+                | (rc == slot)
+        rechained = [not changed.isdisjoint(self._shape(a, b).chain) for a, b in keys]
         # Per entry, its recomputation's transient bytes: the other's, but where the chain
         # changed (only those recompute a changed op, the same ops at the same costs else)
-        keys = self._entry_keys()
         theirs = other._cache  # noqa: SLF001
         trans = other._transients().copy()  # noqa: SLF001
-        for i in np.flatnonzero(rechained).tolist():
-            trans[i] = self.cost(*keys[i]).transient_bytes
+        for i, again in enumerate(rechained):
+            if again:
+                trans[i] = self.cost(*keys[i]).transient_bytes
         self._trans = trans
-        # Every entry's own peak at once (own_peak's sums, as arrays): its own maps plus the
-        # base over its slots, the transient bytes added at its recomputation's slot
-        vals = own + mine
-        has = rc_at >= 0
-        vals[rc_at[has]] += trans[has]
-        peaks = np.zeros(len(keys), dtype=np.int64)
-        full = slot_ends[1:] > slot_ends[:-1]
-        if full.any():
-            peaks[full] = np.maximum.reduceat(vals, slot_ends[:-1][full])
-        peaks_l = peaks.tolist()
+        # The own peaks of the entries costed again, at once (own_peak's sums, as arrays):
+        # their own maps plus the base over their slots, the transient bytes added at the
+        # recomputation's slot
+        redo = np.flatnonzero(hit | np.array(rechained, dtype=bool)).tolist()
+        peaks: dict[int, int] = {}
+        if redo:
+            parts = [self._own_profile(*keys[i]) for i in redo]
+            lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
+            ends = np.cumsum(lens)
+            starts = ends - lens
+            vals = np.concatenate([p[1] for p in parts]) + \
+                base[np.concatenate([p[0] for p in parts])]
+            for j, (i, p) in enumerate(zip(redo, parts, strict=True)):
+                if p[2] is not None:
+                    vals[starts[j] + p[2]] += trans[i]
+            full = lens > 0
+            top = np.zeros(len(redo), dtype=np.int64)
+            if full.any():
+                top[full] = np.maximum.reduceat(vals, starts[full])
+            peaks = dict(zip(redo, top.tolist(), strict=True))
         rows, i = [], 0
         for b, row in other_rows:
             new = []
             for entry in row:
-                if not redo[i]:
+                if i not in peaks:
                     new.append(entry)
-                elif not rechained_l[i]:  # its chain runs the same ops: the same cost
+                elif not rechained[i]:  # its chain runs the same ops: the same cost
                     if (entry[0], b) in theirs:
                         self._cache.setdefault((entry[0], b), theirs[(entry[0], b)])
-                    new.append((entry[0], peaks_l[i], entry[2], entry[3]))
+                    new.append((entry[0], peaks[i], entry[2], entry[3]))
                 else:
                     c = self.cost(entry[0], b)
-                    new.append((entry[0], peaks_l[i],
+                    new.append((entry[0], peaks[i],
                                 c.kept_bytes + (0 if c.valid else c.dropped_bytes),
                                 c.recompute_us if c.valid else 0.0))
                 i += 1
@@ -571,32 +580,25 @@ class Segmenter:
                                     for a, b in self._entry_keys()], dtype=np.int64)
         return self._trans
 
-    def _flat_entries(self) -> tuple[np.ndarray, ...]:
-        """The DP's segments in its rows' order (_entry_keys): their own slots and own maps'
-        bytes there (_own_profile), concatenated, with each one's end (a leading 0 first); their
-        chains' trace positions likewise; and the index of each one's recomputation slot in
-        the concatenation (-1: none). Memoised on the view."""
-        got = self.view.memo.get("flat entries")
+    def _entry_spans(self) -> tuple[np.ndarray, ...]:
+        """Per DP segment (_entry_keys' order), what decides its own slots (_new_own_profile):
+        its first and last forward layer, the span of its maps (first allocation, last free)
+        and its recomputation's slot (-1: none). Memoised on the view."""
+        got = self.view.memo.get("entry spans")
         if got is None:
-            keys = self._entry_keys()
-            profiles = [self._own_profile(a, b) for a, b in keys]
-            slot_parts = [p[0] for p in profiles]
-            chain_parts = [self._chain_pos(a, b) for a, b in keys]
-
-            def ends(parts: list[np.ndarray]) -> np.ndarray:
-                return np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
-
-            def flat(parts: list[np.ndarray]) -> np.ndarray:
-                return np.concatenate([np.empty(0, np.int64), *parts]).astype(np.int64)
-
-            slot_ends = ends(slot_parts)
-            rc_at = np.array([-1 if p[2] is None else int(slot_ends[i]) + p[2]
-                              for i, p in enumerate(profiles)], dtype=np.int64)
-            got = self.view.memo["flat entries"] = (
-                flat(slot_parts), slot_ends, flat(chain_parts), ends(chain_parts),
-                flat([p[1] for p in profiles]), rc_at)
-        entries: tuple[np.ndarray, ...] = got
-        return entries
+            view, cols = self.view, []
+            for a, b in self._entry_keys():
+                layers = self.layers(a, b)
+                alloc, free = (x[self.map_off[layers.start]:self.map_off[layers.stop]]
+                               for x in self.maps[1:3])
+                c = self._shape(a, b)
+                cols.append((layers.start, layers.stop - 1, int(alloc.min()), int(free.max()),
+                             view.before(c.before_op) if c.before_op is not None and c.valid
+                             else -1))
+            got = self.view.memo["entry spans"] = tuple(
+                np.array(col, dtype=np.int64).reshape(-1) for col in zip(*cols, strict=True))
+        spans: tuple[np.ndarray, ...] = got
+        return spans
 
     def base_without_saved(self) -> np.ndarray:
         if self._base is None:
