@@ -318,6 +318,7 @@ class Engine:
         wait_for_memory = self.plan.wait_for_memory and not sync_cap
         would_hit = self.allocator.would_hit
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
+        first_use = self.first_use
         clock, driver_calls = self.clock, self.allocator.driver_calls
         retries = self.allocator.retries_after_pending_frees
         done, completed = self.done, self.completed
@@ -348,7 +349,10 @@ class Engine:
                     yield env.timeout(ready - now)
                 else:
                     env._now = then  # noqa: SLF001
-            if awaiting and not self._create_at_first_use(op):
+            # (an op with nothing placed at it and no read awaited creates nothing: the first
+            # iteration's common case, asked without the call)
+            if awaiting and (oid in first_use or not awaiting.isdisjoint(op.reads)) \
+                    and not self._create_at_first_use(op):
                 return
             # Whether the plan hangs anything on the op (a workspace fallback below adds one)
             acted = oid in acts_before
@@ -664,6 +668,17 @@ class Engine:
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
 
+    def _wait(self, delay: float) -> Generator[simpy.Event, Any, None]:
+        """A timeout of a stream's own (a recomputed op, its issue), fast-forwarded as _stream's
+        are when nothing is queued until its end: the stream process alone waits for it."""
+        env = self.env
+        then = env._now + delay  # noqa: SLF001  (as SimPy schedules it: now + delay)
+        queue = env._queue  # noqa: SLF001
+        if queue and queue[0][0] <= then:
+            yield env.timeout(delay)
+        else:
+            env._now = then  # noqa: SLF001
+
     def _recompute(self, rc: Recompute, before: Op) -> Generator[simpy.Event, Any, bool]:
         """Re-run forward ops. `rc.tensors` (dropped) come back and stay; any other tensor the
         chain writes that is not on the GPU (an intermediate the forward pass freed, a workspace,
@@ -692,11 +707,11 @@ class Engine:
                 self.clock.recompute(op)
                 if self.clock.ready_us(before.id) > self.env.now:
                     self.host_wait_us += self.clock.ready_us(before.id) - self.env.now
-                    yield self.env.timeout(self.clock.ready_us(before.id) - self.env.now)
+                    yield from self._wait(self.clock.ready_us(before.id) - self.env.now)
             start = self.env.now
             dur = self._duration(op)
             if dur > 0:
-                yield self.env.timeout(dur)
+                yield from self._wait(dur)
             self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
         for t, former in transient:
             self.memory.release(t, self.env.now, before.id, former)

@@ -10,7 +10,9 @@ workspace or for a lower budget (`fit_by_profiling`). A subclass holds only its 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -22,6 +24,21 @@ from ..units import format_size
 from .base import Policy
 from .layers import TraceView
 from .planning import Evictions, Usage, algorithm_retimes, anchor_prefetches, apply_releases
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a capacity-aware policy plans, as the engine
+    pauses it per run: the planning's memos (segment shapes, candidate tables, the runs' reports)
+    are long-lived containers that its passes traverse again and again, and the runs leave no
+    cycles (engine.run_plan). What it would have freed is freed after. The plan is the same."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def check(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int
@@ -379,9 +396,10 @@ class FittedPolicy(Policy):
                   run_plan: RunPlan) -> Plan:
         view = TraceView(trace)
         algo = str(getattr(self, "algo"))  # noqa: B009  (a field of every subclass)
-        return fit_with_notes(run_plan, trace, hw, capacity_bytes, lambda budget, forced:
-                              anchor_prefetches(view, self.plan_for(
-                                  Attempt(trace, hw, view, budget, forced, algo))))
+        with collector_paused():
+            return fit_with_notes(run_plan, trace, hw, capacity_bytes, lambda budget, forced:
+                                  anchor_prefetches(view, self.plan_for(
+                                      Attempt(trace, hw, view, budget, forced, algo))))
 
     def plan_for(self, attempt: Attempt) -> Plan:
         raise NotImplementedError

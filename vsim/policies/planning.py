@@ -104,17 +104,29 @@ class Usage:
         base = view.memo.get(key)
         if base is None:
             n = view.n_slots
+            full = view.memo.get(("usage", frozenset()))
+            if full is None:
+                delta = np.zeros(n + 1, dtype=np.int64)
+                workspaces: dict[int, list[int]] = {}  # op -> the workspaces counted above
+                for t in view.trace.tensors:
+                    ten = view.tensor[t.id]
+                    if ten.producer is not None and ten.producer not in view.pos:
+                        continue
+                    lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
+                    delta[lo] += ten.size_bytes
+                    delta[hi] -= ten.size_bytes
+                    if ten.kind == "workspace" and ten.producer is not None:
+                        workspaces.setdefault(ten.producer, []).append(t.id)
+                full = view.memo[("usage", frozenset())] = np.cumsum(delta)[:n]
+                view.memo["usage workspaces"] = workspaces
+            # the full profile less the workspaces of `no_ws` (integers: the same bytes as a
+            # sum over every other tensor; one pass over the trace per view, not per set)
             delta = np.zeros(n + 1, dtype=np.int64)
-            for t in view.trace.tensors:
-                ten = view.tensor[t.id]
-                if ten.kind == "workspace" and ten.producer in no_ws:
-                    continue
-                if ten.producer is not None and ten.producer not in view.pos:
-                    continue
-                lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
-                delta[lo] += ten.size_bytes
-                delta[hi] -= ten.size_bytes
-            base = view.memo[key] = np.cumsum(delta)[:n]
+            for op in no_ws:
+                for t in view.memo["usage workspaces"].get(op, ()):
+                    delta[view.alloc_slot(t)] -= view.tensor[t].size_bytes
+                    delta[view.free_slot(t)] += view.tensor[t].size_bytes
+            base = view.memo[key] = full + np.cumsum(delta)[:n]
         self.bytes = base.copy()
 
     def copy(self) -> Usage:
