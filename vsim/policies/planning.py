@@ -91,6 +91,18 @@ def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
     return {o: memo[o] for o in ops if memo[o] >= 0}
 
 
+def interval_profile(view: TraceView, tensors: Iterable[int]) -> np.ndarray:
+    """Per slot, the bytes of `tensors` allocated then (each from its allocation slot up to its
+    free slot), as integers."""
+    delta = np.zeros(view.n_slots + 1, dtype=np.int64)
+    for t in tensors:
+        size = view.tensor[t].size_bytes
+        delta[view.alloc_slot(t)] += size
+        delta[view.free_slot(t)] -= size
+    out: np.ndarray = np.cumsum(delta)[:view.n_slots]
+    return out
+
+
 class Usage:
     """Bytes on the device per slot. Starts from the trace as recorded (less workspaces that
     retimes remove); `remove`/`add` change spans of slots."""
@@ -103,30 +115,23 @@ class Usage:
         key = ("usage", no_ws)
         base = view.memo.get(key)
         if base is None:
-            n = view.n_slots
             full = view.memo.get(("usage", frozenset()))
             if full is None:
-                delta = np.zeros(n + 1, dtype=np.int64)
-                workspaces: dict[int, list[int]] = {}  # op -> the workspaces counted above
-                for t in view.trace.tensors:
-                    ten = view.tensor[t.id]
-                    if ten.producer is not None and ten.producer not in view.pos:
-                        continue
-                    lo, hi = view.alloc_slot(t.id), view.free_slot(t.id)
-                    delta[lo] += ten.size_bytes
-                    delta[hi] -= ten.size_bytes
+                counted = [t.id for t in view.trace.tensors
+                           if view.tensor[t.id].producer is None
+                           or view.tensor[t.id].producer in view.pos]
+                workspaces: dict[int, list[int]] = {}  # op -> the workspaces counted
+                for t in counted:
+                    ten = view.tensor[t]
                     if ten.kind == "workspace" and ten.producer is not None:
-                        workspaces.setdefault(ten.producer, []).append(t.id)
-                full = view.memo[("usage", frozenset())] = np.cumsum(delta)[:n]
+                        workspaces.setdefault(ten.producer, []).append(t)
+                full = view.memo[("usage", frozenset())] = interval_profile(view, counted)
                 view.memo["usage workspaces"] = workspaces
             # the full profile less the workspaces of `no_ws` (integers: the same bytes as a
             # sum over every other tensor; one pass over the trace per view, not per set)
-            delta = np.zeros(n + 1, dtype=np.int64)
-            for op in no_ws:
-                for t in view.memo["usage workspaces"].get(op, ()):
-                    delta[view.alloc_slot(t)] -= view.tensor[t].size_bytes
-                    delta[view.free_slot(t)] += view.tensor[t].size_bytes
-            base = view.memo[key] = full + np.cumsum(delta)[:n]
+            ws = view.memo["usage workspaces"]
+            base = view.memo[key] = full - interval_profile(
+                view, [t for op in no_ws for t in ws.get(op, ())])
         self.bytes = base.copy()
 
     def copy(self) -> Usage:

@@ -611,13 +611,8 @@ class Segmenter:
         view = self.view
         saved = view.memo.get("saved maps profile")
         if saved is None:
-            delta = np.zeros(view.n_slots + 1, dtype=np.int64)
-            for t in self.saved:
-                lo, hi = view.alloc_slot(t), view.free_slot(t)
-                if hi > lo:
-                    delta[lo] += view.tensor[t].size_bytes
-                    delta[hi] -= view.tensor[t].size_bytes
-            saved = view.memo["saved maps profile"] = np.cumsum(delta)[:view.n_slots]
+            saved = view.memo["saved maps profile"] = planning.interval_profile(
+                view, [t for t in self.saved if view.free_slot(t) > view.alloc_slot(t)])
         out: np.ndarray = Usage(view, self.retimes).bytes - saved
         return out
 
@@ -756,8 +751,10 @@ class Checkpointing(FittedPolicy):
         floors: dict[int, float] = {}
 
         def hopeless_plan(rc_us: float, plan: Plan) -> bool:
-            if best is None or hopeless(floor + rc_us):
-                return best is not None
+            if best is None:
+                return False
+            if hopeless(floor + rc_us):
+                return True
             if id(plan) not in floors:
                 floors[id(plan)] = judge.floor(plan)
             return hopeless(floors[id(plan)])
