@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vsim.runtime.native import Calibration, Unsafe, targets
+from vsim.errors import ConfigError
+from vsim.runtime.native import Calibration, Unsafe, frame_key, targets
 
 
 def _cal(before: list[int], inside: list[bool], views: list[bool], names: list[str],
@@ -65,7 +66,8 @@ def test_watched_outputs_are_found_by_storage_or_where_autograd_saves_them() -> 
                packs=[(2, 3000)])  # indices saved while counted call 1 ran
     tg = targets(cal, boundary_calls=[], watch={0: [(0, 7)], 1: [(0, 8), (1, 9)]})
     assert tg.post == {0: [(0, 7)], 1: [(0, 8)]}
-    assert tg.packs == {0: 9}
+    assert tg.packs == {frame_key(2, 0): 9}  # the first save at count 2
+    assert tg.flags[1] & 8  # the hooks on from counted call 1's start
     unsaved = _cal(before=[1], inside=[True], views=[False], names=["aten::bn"],
                    outputs={0: [(0, 1000)]}, registered={9: 3000})
     with pytest.raises(Unsafe, match="neither an output"):
@@ -116,9 +118,11 @@ def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) ->
     assert got["check"]["bitwise_equal"]
     assert got["d2h_bytes"] == ref["d2h_bytes"] > 0
     assert got["executed"]["offloads"] == ref["executed"]["offloads"]
-    # the C++ saved-tensor hook sees every save the Python one sees; under layrub it calls
-    # back at two saves (max pooling's indices) whose tensors the plan offloads
-    assert got["executed"]["packs"] == ref["executed"]["packs"] > 0
+    # the C++ saved-tensor hooks are on only around the calls with a save the plan acts on:
+    # under layrub two (max pooling's indices, whose tensors the plan offloads), under vDNN
+    # none; the Python one sees every save
+    assert ref["executed"]["packs"] > got["executed"]["packs"]
+    assert (got["executed"]["packs"] > 0) == (policy == "layrub")
     assert got["executed"]["skipped"] == ref["executed"]["skipped"]
 
 
@@ -172,23 +176,39 @@ def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: 
 
 
 @pytest.mark.parametrize("policy", ["vdnn:mode=all", "superneurons"])
-def test_native_iterations_can_leave_out_the_hooks_where_no_save_is_armed(cnn, monkeypatch,
-                                                                          policy: str) -> None:
-    """VSIM_NATIVE_HOOKS=armed: a native iteration runs without the saved-tensor hooks unless
-    some save is armed (superneurons' plan here acts on max pooling's indices, found at their
-    save; vDNN's on none); gradients and the bytes moved stay those of the run with them."""
+@pytest.mark.parametrize("counter", ["observer", "boxed"])
+def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypatch, policy: str,
+                                                                  counter: str) -> None:
+    """The saved-tensor hooks are on only around the calls whose saves the plan acts on
+    (superneurons' plan here acts on max pooling's indices, found at their save; vDNN's on
+    none), under either counter; gradients, the bytes moved and the recomputed calls stay those
+    of the tracker before (the fallback counting every call, the hooks on throughout)."""
     trace, s = cnn
     resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
     cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    monkeypatch.setenv("VSIM_NATIVE_COUNTER", "boxed")
+    monkeypatch.setenv("VSIM_NATIVE_HOOKS", "always")
     ref = s.run(policy, cap, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_COUNTER", counter)
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "armed")
     got = s.run(policy, cap, iters=2, warmup=1)
-    assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
+    for run in (ref, got):
+        assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
+    assert got["executed"]["native_counter"] == counter
+    assert got["executed"]["native_hooks"] == "armed"
     assert got["check"]["bitwise_equal"], got["check"]
     assert got["d2h_bytes"] == ref["d2h_bytes"]
     assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"]
     assert ref["executed"]["packs"] > 0
     assert (got["executed"]["packs"] > 0) == (policy == "superneurons")
+    assert got["executed"]["packs"] < ref["executed"]["packs"]
+
+
+def test_a_bad_counter_choice_is_an_error(cnn, monkeypatch) -> None:
+    trace, s = cnn
+    monkeypatch.setenv("VSIM_NATIVE_COUNTER", "fast")
+    with pytest.raises(ConfigError, match="VSIM_NATIVE_COUNTER='fast'"):
+        s.run("vdnn:mode=all", None, iters=1, warmup=0)
 
 
 def test_a_recorded_call_must_run_as_a_frame_of_its_own() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +51,14 @@ def _operator(cpp_name: str) -> Any:
         packet, _, overload = rest.partition(".")
         got = _OPERATORS[cpp_name] = getattr(getattr(getattr(torch.ops, ns), packet),
                                              overload or "default")
+    return got
+
+
+def _choice(variable: str, choices: tuple[str, ...]) -> str:
+    """The environment's choice among `choices` (the first by default)."""
+    got = os.environ.get(variable, choices[0])
+    if got not in choices:
+        raise ConfigError(f"{variable}={got!r}: one of {', '.join(choices)}")
     return got
 
 
@@ -114,6 +122,10 @@ class NativeRuns:
         self._frame_of_call: dict[int, int] = {}
         self.replay_note: str | None = None
         self.tracker_requested = tracker
+        # the native tracker's counter and hooks (counter.cpp): the default, or what ran before
+        # (VSIM_NATIVE_COUNTER=boxed, VSIM_NATIVE_HOOKS=always), to measure one against the other
+        self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("observer", "boxed"))
+        self.native_hooks = _choice("VSIM_NATIVE_HOOKS", ("armed", "always"))
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -175,7 +187,7 @@ class NativeRuns:
         self._cal_outputs, self._cal_registered, self._cal_packs = {}, {}, []
         nat.calibrate(True)
         nat.arm(b"", {}, self._calibration_outputs)
-        nat.begin()
+        nat.begin(self.native_counter == "observer")
         self.calibrating = nat
         try:
             with Tracker(self):  # type: ignore[arg-type]
@@ -247,13 +259,16 @@ class NativeRuns:
         # the saved-tensor hooks in C++ (counter.cpp's Packs): Python is called only at the
         # saves where calibration found a tensor the plan acts on. Autograd calls even a C++
         # hook through its Python hook machinery, 4.6-8.6 us per save on the H100
-        # (validation/host/waits/): VSIM_NATIVE_HOOKS=armed leaves them out where no save is
-        # armed. Not the default yet: the host model charges them and the corpus ran with them
-        nat.arm_packs(tg.packs, self._pack_callback)
-        hooks = (torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack)
-                 if tg.packs or os.environ.get("VSIM_NATIVE_HOOKS", "always") != "armed"
-                 else contextlib.nullcontext())
-        nat.begin()
+        # (validation/host/waits/), so they are on only around the calls with such a save
+        # ("armed"), or throughout as before ("always")
+        per_call = self.native_hooks == "armed"
+        nat.arm_packs(tg.packs, self._pack_callback,
+                      partial(torch._C._autograd._push_saved_tensors_default_hooks, nat.pack,
+                              nat.unpack),
+                      torch._C._autograd._pop_saved_tensors_default_hooks, per_call)
+        hooks = (contextlib.nullcontext() if per_call else
+                 torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack))
+        nat.begin(self.native_counter == "observer")
         try:
             with hooks:
                 step()

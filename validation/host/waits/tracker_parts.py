@@ -1,11 +1,12 @@
 """The native tracker's host cost by part, on one model's training step (no plan): the step
 alone; under the counter alone (counter.cpp's boxed fallback counting every outermost aten
-call); under the saved-tensor hooks alone (the C++ pack and unpack, called through autograd's
-Python hook machinery); under both; and the runtime's own instrumented run (Session.run(
-"none", instrument=True): calibration, then native iterations with the hooks and counter
-armed). Iterations alternate between the variants (the host's speed drifts); each variant's
-host issue time (until the step returns, before the final synchronize) and iteration time are
-the medians of its iterations.
+call, as before; its RecordFunction observer, as now); under the saved-tensor hooks alone (the
+C++ pack and unpack, called through autograd's Python hook machinery; now on only around the
+calls with a save a plan acts on); under the boxed counter and the hooks; and the runtime's own
+instrumented runs (Session.run("none", instrument=True): calibration, then native iterations),
+with the tracker before and now. Iterations alternate between the variants (the host's speed
+drifts); each variant's host issue time (until the step returns, before the final synchronize)
+and iteration time are the medians of its iterations.
 
     python validation/host/waits/tracker_parts.py MODEL BATCH TRACE [--iters 30] -o OUT.json
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -43,32 +46,34 @@ def main() -> None:
     if m is None:
         raise SystemExit(f"no native module: {native.error()}")
 
-    def counted() -> None:
-        m.begin()
-        try:
-            s.step()
-        finally:
-            m.end()
-
-    def hooked() -> None:
-        m.arm_packs({}, None)
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
+    def counted(observer: bool) -> Callable[[], None]:
+        def run() -> None:
+            m.begin(observer)
+            try:
                 s.step()
-        finally:
-            m.disarm_packs()
+            finally:
+                m.end()
+        return run
 
-    def both() -> None:
-        m.arm_packs({}, None)
-        m.begin()
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
-                s.step()
-        finally:
-            m.end()
-            m.disarm_packs()
+    def hooked(counter: bool, observer: bool = False) -> Callable[[], None]:
+        def run() -> None:
+            m.arm_packs({}, None, None, None, False)
+            if counter:
+                m.begin(observer)
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
+                    s.step()
+            finally:
+                if counter:
+                    m.end()
+                m.disarm_packs()
+        return run
 
-    variants = {"plain": s.step, "counter": counted, "hooks": hooked, "counter+hooks": both}
+    # "boxed": the counter before (the fallback on every call); "observer": the counter now (a
+    # RecordFunction observer); the hooks on every save, as before (now on only around the
+    # calls with a save a plan acts on: none here)
+    variants = {"plain": s.step, "counter": counted(False), "observer": counted(True),
+                "hooks": hooked(False), "counter+hooks": hooked(True)}
     issued: dict[str, list[float]] = {k: [] for k in variants}
     total: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(3 + args.iters):
@@ -88,9 +93,16 @@ def main() -> None:
     for name in variants:
         out["variants"][name] = {"host_issue_us": round(statistics.median(issued[name]), 1),
                                  "iteration_us": round(statistics.median(total[name]), 1)}
-    for inst in (False, True):
+    # the runtime's own runs: without the tracker; instrumented as before (boxed counter, hooks
+    # throughout); instrumented now (observer, hooks where armed)
+    for label, inst, env in (("session", False, {}),
+                             ("session-instrumented-before", True,
+                              {"VSIM_NATIVE_COUNTER": "boxed", "VSIM_NATIVE_HOOKS": "always"}),
+                             ("session-instrumented", True,
+                              {"VSIM_NATIVE_COUNTER": "observer", "VSIM_NATIVE_HOOKS": "armed"})):
+        os.environ.update(env)
         r = s.run("none", iters=args.iters, instrument=inst)
-        out["variants"]["session" + ("-instrumented" if inst else "")] = {
+        out["variants"][label] = {
             "host_issue_us": r["host_issue_us"], "iteration_us": r["iteration_time_us"],
             "executed": r.get("executed")}
     out["provenance"] = provenance(s.device, " ".join(sys.argv))

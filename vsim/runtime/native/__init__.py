@@ -169,7 +169,8 @@ class Calibration:
 
 @dataclass
 class Targets:
-    """Where an armed counter calls back: `flags` per count (1 before, 2 after), the Python
+    """Where an armed counter calls back: `flags` per count (1 before, 2 after, 4 frames, 8 the
+    saved-tensor hooks on from its start to the next counted call's), the Python
     call each boundary stands for, the trace tensors each call's outputs are, and the operator
     name each target must have."""
 
@@ -177,7 +178,8 @@ class Targets:
     pre: dict[int, int] = field(default_factory=dict)    # count -> Python call k
     after: dict[int, int] = field(default_factory=dict)  # count -> Python call k (at its end)
     post: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # count -> (j, t)
-    packs: dict[int, int] = field(default_factory=dict)  # saved tensor number -> trace tensor
+    # frame_key(count, number among the count's saves) -> trace tensor
+    packs: dict[int, int] = field(default_factory=dict)
     expect: dict[int, str] = field(default_factory=dict)
     # frames: frame_key(count, number) -> 1 before (RNG state) | 2 after (arguments, outputs),
     # its operator, the Python call it is; each framed count's number of frames
@@ -268,9 +270,15 @@ def targets(cal: Calibration, boundary_calls: list[int],
                 out.after[c] = max(k, out.after.get(c, k))
         out.expect[c] = cal.names[c]
     watched: dict[int, list[tuple[int, int]]] = {}  # call k -> (output index, trace tensor)
+    # a save by the count it happened at and its number among that count's saves (counter.cpp's
+    # Packs); a save the plan acts on turns the hooks on from the start of the counted call
+    # before it (flag 8) until the next starts
     saved: dict[tuple[int, int], int] = {}
-    for i, (count, ptr) in enumerate(cal.packs):
-        saved.setdefault((count, ptr), i)
+    numbered: dict[int, int] = {}
+    for count, ptr in cal.packs:
+        number = numbered.get(count, 0)
+        numbered[count] = number + 1
+        saved.setdefault((count, ptr), frame_key(count, number))
     for k, pairs in watch.items():
         c = cal.before[k] - 1
         if not cal.inside[k]:
@@ -290,6 +298,8 @@ def targets(cal: Calibration, boundary_calls: list[int],
             at = saved.get((cal.before[k], ptr))
             if at is not None:
                 out.packs[at] = t
+                if cal.before[k] > 0:
+                    flags[cal.before[k] - 1] |= 8
             elif _own_frame(cal, k) is not None:
                 # an inner call's output (autocast's casts inside linear): from call k's frame
                 watched.setdefault(k, []).append((jk, t))

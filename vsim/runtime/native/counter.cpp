@@ -1,11 +1,16 @@
 // vsim's native op tracker: counts the iteration's dispatcher calls in C++ and calls back into
 // Python only at the calls where the executor acts (vsim/runtime/native/__init__.py).
 //
-// A boxed fallback on the TESTING_ONLY_GenericMode dispatch key, which no part of PyTorch uses
-// outside its tests. The key is put in the thread's included dispatch keys while an iteration
-// runs; PyTorch carries that thread-local set into the autograd engine's threads, so backward's
-// calls are counted too. A Python TorchDispatchMode costs ~40 us per aten call on the host; this
-// fallback costs ~0.4 us (measured on the development CPU, docs/design.md).
+// Two parts. The counter: a RecordFunction observer (the hook PyTorch's profiler uses) numbers
+// the outermost calls and turns RecordFunction off inside each, so that a call costs one
+// observer call however many calls it makes ("observer"). The actions: a boxed fallback on the
+// TESTING_ONLY_GenericMode dispatch key, which no part of PyTorch uses outside its tests, put in
+// the thread's included dispatch keys only for the calls the executor acts at (and throughout a
+// calibrating iteration), since a boxed fallback boxes and unboxes every call it sees: 1.8-3.6
+// us per call on the lent hosts (validation/host/waits/). "boxed" (VSIM_NATIVE_COUNTER=boxed)
+// is the tracker before: the fallback on every call, counting them itself. PyTorch carries the
+// thread-local state (the included key, the observer, RecordFunction's switch) into the
+// autograd engine's threads, so backward's calls are counted too.
 //
 // Single iteration at a time: the forward thread and the autograd thread never dispatch at the
 // same time in a training step (backward() blocks its caller), so the state is plain globals.
@@ -19,9 +24,13 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <ATen/record_function.h>
+
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -48,7 +57,8 @@ namespace {
 
 constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
-enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4 };
+enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4, SAVES = 8 };
+constexpr uint8_t ACTS = PRE | POST | FRAMES;  // what the fallback must see the call for
 // frame flags of the compiled replay (replay.cpp): capture the frame's arguments, and its RNG
 // state before it runs
 enum CaptureFlag : uint8_t { CAPTURE = 8, CAPTURE_RNG = 16 };
@@ -76,6 +86,8 @@ struct State {
   std::unordered_map<int64_t, std::string> frame_expect;    // armed: frame_key -> its name
   py::object frame_callback;  // armed: frame_callback(count, frame, name, args, kwargs, outputs,
                               // post)
+  bool observer = true;       // the counter: the RecordFunction observer, else the fallback
+  at::CallbackHandle handle = at::INVALID_CALLBACK_HANDLE;
 };
 
 State S;
@@ -279,6 +291,153 @@ struct Framing {
   ~Framing() { framing = false; }
 };
 
+// The saved-tensor hooks of armed iterations, in C++: a Python pack hook cost 4-9 us per saved
+// tensor on the lent hosts (executed.executor_pack_us: 12 ms of a 143 ms resnet101 iteration),
+// and even this C++ one costs 4.6-8.6 us per save, since autograd calls it through its Python
+// hook machinery (validation/host/waits/). So they are on only from the start of a counted call
+// whose count has a save the plan acts on (flag SAVES) until the next counted call starts
+// (hooks_at), or, with VSIM_NATIVE_HOOKS=always, throughout (pushed from Python). A save is
+// numbered within the count it happens at, as calibration saw it (frame_key(count, number)).
+// Pack calls back into Python only at the saves where calibration found a tensor the plan acts
+// on (callback(trace tensor, tensor)), and returns the tensor detached (a saved output kept with
+// its grad_fn is a reference cycle only backward breaks; see executor.py). Unpack returns what
+// pack returned.
+struct Packs {
+  int64_t n = 0;
+  int64_t ns = 0;
+  int64_t at = -1;  // the count of the saves being numbered, and the next one's number
+  int64_t k = 0;
+  std::unordered_map<int64_t, int64_t> flagged;  // frame_key(count, number) -> trace tensor
+  bool per_call = true;  // hooks on around the calls flagged SAVES, else throughout (Python's)
+  bool at_zero = false;  // a flagged save before the first counted call
+  bool hooked = false;   // per call: the hooks are on, pushed on thread `thread`
+  std::thread::id thread;
+  py::object callback, on, off;  // on(): push the hooks; off(): pop them
+};
+
+Packs P;
+
+void set_hooks(bool on) {
+  py::gil_scoped_acquire gil;
+  try {
+    if (on) P.on(); else P.off();
+  } catch (py::error_already_set& e) {
+    throw std::runtime_error(std::string("vsim native tracker: saved-tensor hooks: ") + e.what());
+  }
+  P.hooked = on;
+  if (on) P.thread = std::this_thread::get_id();
+}
+
+// Counted call c starts: the hooks of count c (if on) off, those of count c + 1 on where the
+// plan acts on a save there. Hooks pushed on the forward thread stay on through backward (the
+// autograd thread holds a copy; there are no saves there) until end() pops them.
+void hooks_at(int64_t c, uint8_t f) {
+  if (!P.per_call) return;
+  if (P.hooked) {
+    if (P.thread != std::this_thread::get_id()) return;
+    set_hooks(false);
+  }
+  if (f & SAVES) set_hooks(true);
+}
+
+at::Tensor do_pack(const at::Tensor& t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ++P.n;
+  if (P.at != S.count) {
+    P.at = S.count;
+    P.k = 0;
+  }
+  const int64_t i = frame_key(S.count, P.k++);
+  const bool was = S.paused;
+  S.paused = true;  // what the hook dispatches is not the step's
+  at::Tensor out;
+  try {
+    c10::impl::ExcludeDispatchKeyGuard own(KEY);
+    if (!P.flagged.empty()) {
+      auto it = P.flagged.find(i);
+      if (it != P.flagged.end()) P.callback(it->second, t);
+    }
+    out = t.detach();
+  } catch (...) {
+    S.paused = was;
+    throw;
+  }
+  S.paused = was;
+  P.ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+at::Tensor do_unpack(const at::Tensor& t) { return t; }
+
+void do_arm_packs(std::unordered_map<int64_t, int64_t> flagged, py::object callback,
+                  py::object on, py::object off, bool per_call) {
+  P.n = 0;
+  P.ns = 0;
+  P.at = -1;
+  P.k = 0;
+  P.flagged = std::move(flagged);
+  P.callback = std::move(callback);
+  P.on = std::move(on);
+  P.off = std::move(off);
+  P.per_call = per_call;
+  P.at_zero = false;
+  for (const auto& kv : P.flagged)
+    if ((kv.first >> 20) == 0) P.at_zero = true;
+}
+
+// (saves, nanoseconds inside pack) since arm_packs; the callbacks are dropped
+std::pair<int64_t, int64_t> do_disarm_packs() {
+  P.flagged.clear();
+  P.callback = py::object();
+  P.on = py::object();
+  P.off = py::object();
+  return {P.n, P.ns};
+}
+
+uint8_t flags_of(int64_t c) {
+  return c < static_cast<int64_t>(S.flags.size()) ? S.flags[c] : 0;
+}
+
+// Whether the fallback sees counted call c (the observer counter): throughout calibration, else
+// where the executor acts at c.
+void include_for(int64_t c) {
+  c10::impl::tls_set_dispatch_key_included(KEY, S.calibrating || (flags_of(c) & ACTS));
+}
+
+// The observer's count of the call the fallback is about to see (the call RecordFunction just
+// started on this thread), or -1 (a call RecordFunction does not observe: not counted).
+thread_local int64_t pending = -1;
+
+struct Counted : at::ObserverContext {};
+
+std::unique_ptr<at::ObserverContext> observe_start(const at::RecordFunction& fn) {
+  if (S.paused) return nullptr;
+  auto name = fn.operator_name();
+  if (!name) {
+    // the autograd engine starts a node: it has just reset its thread's state to the state at
+    // backward's start, the included key with it
+    if (std::strncmp(fn.name(), "autograd::engine::evaluate_function", 35) == 0)
+      include_for(S.count);
+    return nullptr;
+  }
+  const int64_t c = S.count++;
+  if (S.calibrating)
+    S.names.push_back(name->name + "." +
+                      (name->overload_name.empty() ? std::string("default") : name->overload_name));
+  pending = c;
+  hooks_at(c, flags_of(c));
+  at::enableRecordFunction(false);  // the calls it makes are not counted: no observer for them
+  return std::make_unique<Counted>();
+}
+
+void observe_end(const at::RecordFunction&, at::ObserverContext* counted) {
+  if (counted == nullptr) return;
+  at::enableRecordFunction(true);
+  pending = -1;
+  include_for(S.count);
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY);
   if (S.paused || op.operator_name().name.rfind("profiler::", 0) == 0) {
@@ -294,14 +453,23 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     }
     return;
   }
-  const int64_t c = S.count++;
+  int64_t c;
+  if (S.observer) {
+    c = pending;
+    pending = -1;
+  } else {
+    c = S.count++;
+    if (S.calibrating) S.names.push_back(name_of(op));
+    hooks_at(c, flags_of(c));
+  }
   uint8_t f = 0;
-  if (S.calibrating) {
-    S.names.push_back(name_of(op));
+  if (c < 0) {
+    f = 0;  // not observed, not counted
+  } else if (S.calibrating) {
     f = FRAMES;
     if (S.callback) f |= POST;  // calibration sees every counted call's outputs
-  } else if (c < static_cast<int64_t>(S.flags.size())) {
-    f = S.flags[c];
+  } else {
+    f = flags_of(c);
   }
   if (f & PRE) call_back(c, op, stack, false);
   if (f & FRAMES) {
@@ -327,7 +495,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   if (f & POST) call_back(c, op, stack, true);
 }
 
-void do_begin() {
+void do_begin(bool observer) {
 #ifndef VSIM_NO_REPLAY
   vsim_replay::clear();
 #endif
@@ -338,10 +506,27 @@ void do_begin() {
     S.names.clear();
     S.frames.clear();
   }
-  c10::impl::tls_set_dispatch_key_included(KEY, true);
+  P.hooked = false;
+  S.observer = observer;
+  if (observer) {
+    S.handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(&observe_start, &observe_end).scopes({at::RecordScope::FUNCTION}));
+    include_for(0);
+  } else {
+    c10::impl::tls_set_dispatch_key_included(KEY, true);
+  }
+  if (P.per_call && P.at_zero) set_hooks(true);
 }
 
-void do_end() { c10::impl::tls_set_dispatch_key_included(KEY, false); }
+void do_end() {
+  if (S.handle != at::INVALID_CALLBACK_HANDLE) {
+    at::removeCallback(S.handle);
+    S.handle = at::INVALID_CALLBACK_HANDLE;
+  }
+  c10::impl::tls_set_dispatch_key_included(KEY, false);
+  if (P.hooked && P.thread == std::this_thread::get_id()) set_hooks(false);
+  P.hooked = false;
+}
 
 bool do_pause(bool on) {
   bool was = S.paused;
@@ -409,60 +594,6 @@ void do_swap_storages(py::handle a, py::handle b) {
   vsim_swap_storages(x, y);
 }
 
-// The saved-tensor hooks of armed iterations, in C++: a Python pack hook cost 4-9 us per saved
-// tensor on the lent hosts (executed.executor_pack_us: 12 ms of a 143 ms resnet101 iteration).
-// Pack counts the saves, calls back into Python only at the saves where calibration found a
-// tensor the plan acts on (callback(trace tensor, tensor)), and returns the tensor detached
-// (a saved output kept with its grad_fn is a reference cycle only backward breaks; see
-// executor.py). Unpack returns what pack returned.
-struct Packs {
-  int64_t n = 0;
-  int64_t ns = 0;
-  std::unordered_map<int64_t, int64_t> flagged;  // save number -> trace tensor
-  py::object callback;
-};
-
-Packs P;
-
-at::Tensor do_pack(const at::Tensor& t) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t i = P.n++;
-  const bool was = S.paused;
-  S.paused = true;  // what the hook dispatches is not the step's
-  at::Tensor out;
-  try {
-    c10::impl::ExcludeDispatchKeyGuard own(KEY);
-    if (!P.flagged.empty()) {
-      auto it = P.flagged.find(i);
-      if (it != P.flagged.end()) P.callback(it->second, t);
-    }
-    out = t.detach();
-  } catch (...) {
-    S.paused = was;
-    throw;
-  }
-  S.paused = was;
-  P.ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-              std::chrono::steady_clock::now() - t0).count();
-  return out;
-}
-
-at::Tensor do_unpack(const at::Tensor& t) { return t; }
-
-void do_arm_packs(std::unordered_map<int64_t, int64_t> flagged, py::object callback) {
-  P.n = 0;
-  P.ns = 0;
-  P.flagged = std::move(flagged);
-  P.callback = std::move(callback);
-}
-
-// (saves, nanoseconds inside pack) since arm_packs; the callback is dropped
-std::pair<int64_t, int64_t> do_disarm_packs() {
-  P.flagged.clear();
-  P.callback = py::object();
-  return {P.n, P.ns};
-}
-
 }  // namespace
 
 void init_actions(py::module& m);  // actions.cpp
@@ -478,7 +609,9 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("begin", &do_begin, "count from 0 on this thread (and the autograd threads it starts)");
+  m.def("begin", &do_begin, "count from 0 on this thread (and the autograd threads it starts); "
+        "observer: count with a RecordFunction observer, else with the fallback on every call",
+        py::arg("observer") = true);
   m.def("end", &do_end);
   m.def("pause", &do_pause, "stop or resume counting; returns the previous state");
   m.def("count", &do_count);
@@ -494,7 +627,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("diverged", &do_diverged);
   m.def("pack", &do_pack, "saved-tensor pack hook of armed iterations (see Packs)");
   m.def("unpack", &do_unpack);
-  m.def("arm_packs", &do_arm_packs, "save number -> trace tensor to call back with; callback");
+  m.def("arm_packs", &do_arm_packs, "frame_key(count, save number) -> trace tensor to call "
+        "back with; callback; push and pop the hooks; per call (else the caller pushes them)");
   m.def("disarm_packs", &do_disarm_packs, "(saves, ns in pack) since arm_packs");
   m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
   init_actions(m);
