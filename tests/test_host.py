@@ -220,7 +220,7 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
     from vsim.hardware import load_hardware
     from vsim.policies import make_policy
     from vsim.trace import load_trace
-    from vsim.validate import measured_tracker
+    from vsim.validate import measured_tracker, planned_tracker
 
     root = Path(__file__).resolve().parents[1]
     trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
@@ -230,7 +230,13 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
                         first_iteration=False).report["iteration_time_us"]
             for t in (None, "native", "python")}
     assert time[None] == time["native"] < time["python"]
-    assert measured_tracker({"executed": {"tracker": "native"}}) == "native"
+    # the native tracker's saved-tensor hooks: on every forward op before 2026-11-27T08:30,
+    # where a save is armed since (the run says so)
+    assert measured_tracker({"executed": {"tracker": "native"}}) == "native-always"
+    assert measured_tracker({"executed": {"tracker": "native",
+                                          "native_hooks": "armed"}}) == "native"
+    assert planned_tracker({"provenance": {"date": "2026-11-26"}}) == "native-always"
+    assert planned_tracker({"provenance": {"plan_tracker": "native"}}) == "native"
     assert measured_tracker({"executed": {"offloads": 3}}) == "python"  # measured before it
     assert measured_tracker({"executed": None}) is None
     # stopped out of memory in the iteration that calibrates the native tracker (run under the
@@ -239,6 +245,36 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
                    "notes": ["instrumented: the native op tracker counts aten calls in C++"]}
     assert measured_tracker(calibrating) is None
     assert measured_tracker({**calibrating, "notes": []}) == "python"
+
+
+def test_the_native_trackers_hooks_are_charged_where_they_are_on() -> None:
+    """The saved-tensor hooks cost pack_us per forward op they are on for: every one under the
+    tracker before ("native-always"); under "native" only the ops with an output the plan acts
+    on other than their first (batch norm's saved statistics), which the runtime finds where
+    autograd saves it."""
+    from vsim.allocator import make_allocator
+    from vsim.engine import run_plan
+    from vsim.engine.hostclock import hooked_ops
+    from vsim.hardware import load_hardware
+    from vsim.plan import PlanIndex
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/densenet121-b64-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("superneurons").plan(trace, hw, int(4.7 * 2**30))
+    index = PlanIndex(plan)
+    hooked = hooked_ops(trace, index)
+    acted = index.tensors_acted_on()
+    forward = [op for op in trace.ops if op.phase == "fwd"]
+    assert 0 < len(hooked) < len(forward)
+    for op in forward:
+        assert (op.id in hooked) == any(t in acted for t in op.writes[1:])
+    time = {t: run_plan(trace, hw, plan, make_allocator("exact"), tracker=t,
+                        first_iteration=False).report["iteration_time_us"]
+            for t in ("native", "native-always")}
+    assert time["native"] < time["native-always"]
 
 
 def test_the_host_model_is_read_once_per_file_version(tmp_path: Path,

@@ -176,25 +176,21 @@ def test_plans_that_recompute_run_natively_with_the_same_gradients(cnn, policy: 
 
 
 @pytest.mark.parametrize("policy", ["vdnn:mode=all", "superneurons"])
-@pytest.mark.parametrize("counter", ["observer", "boxed"])
-def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypatch, policy: str,
-                                                                  counter: str) -> None:
+def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypatch,
+                                                                  policy: str) -> None:
     """The saved-tensor hooks are on only around the calls whose saves the plan acts on
     (superneurons' plan here acts on max pooling's indices, found at their save; vDNN's on
-    none), under either counter; gradients, the bytes moved and the recomputed calls stay those
-    of the tracker before (the fallback counting every call, the hooks on throughout)."""
+    none); gradients, the bytes moved and the recomputed calls stay those of the tracker before
+    (the hooks on throughout)."""
     trace, s = cnn
     resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
     cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
-    monkeypatch.setenv("VSIM_NATIVE_COUNTER", "boxed")
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "always")
     ref = s.run(policy, cap, iters=2, warmup=1)
-    monkeypatch.setenv("VSIM_NATIVE_COUNTER", counter)
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "armed")
     got = s.run(policy, cap, iters=2, warmup=1)
     for run in (ref, got):
         assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
-    assert got["executed"]["native_counter"] == counter
     assert got["executed"]["native_hooks"] == "armed"
     assert got["check"]["bitwise_equal"], got["check"]
     assert got["d2h_bytes"] == ref["d2h_bytes"]
@@ -204,10 +200,10 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
     assert got["executed"]["packs"] < ref["executed"]["packs"]
 
 
-def test_a_bad_counter_choice_is_an_error(cnn, monkeypatch) -> None:
+def test_a_bad_hooks_choice_is_an_error(cnn, monkeypatch) -> None:
     trace, s = cnn
-    monkeypatch.setenv("VSIM_NATIVE_COUNTER", "fast")
-    with pytest.raises(ConfigError, match="VSIM_NATIVE_COUNTER='fast'"):
+    monkeypatch.setenv("VSIM_NATIVE_HOOKS", "never")
+    with pytest.raises(ConfigError, match="VSIM_NATIVE_HOOKS='never'"):
         s.run("vdnn:mode=all", None, iters=1, warmup=0)
 
 

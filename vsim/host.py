@@ -72,11 +72,14 @@ class HostModel:
     free_us: float = 0.0
     recompute_call_us: float = 0.0
     record_call_us: float = 0.0
-    # Outside the executor's timers (fit_executor.py, `unseen`): its saved-tensor hook, per
-    # forward op; under the native tracker, the call back into Python with a recorded call's
-    # arguments and outputs, per recorded aten call (the Python tracker's own cost per op,
-    # tracker_us_per_op, includes both)
+    # Outside the executor's timers (fit_executor.py, `unseen`): its saved-tensor hooks, per
+    # forward op they are on for (`hooks`: "always", every forward op, the native tracker
+    # before 2026-11-27T08:30; "armed", the forward ops with a save the plan acts on,
+    # hostclock.hooked_ops); under the native tracker, the call back into Python with a
+    # recorded call's arguments and outputs, per recorded aten call (the Python tracker's own
+    # cost per op, tracker_us_per_op, includes both)
     pack_us: float = 0.0
+    hooks: str = "armed"
     record_callback_us: float = 0.0
     calls_per_op: dict[str, float] = field(default_factory=dict)
     calls_default: float = 1.0

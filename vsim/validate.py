@@ -292,7 +292,17 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
     if calibrating and not measured.get("fits") and executed.get("iterations", 0) <= 1:
         return None
     got = executed.get("tracker", "python")
-    return got if got in ("python", "native") else "python"
+    if got == "native":
+        return "native" if executed.get("native_hooks") == "armed" else "native-always"
+    return "python"
+
+
+def planned_tracker(measured: dict[str, Any]) -> str:
+    """The tracker vsim's runtime planned the measured run for (Session._plan, also where the
+    run then fell back to the Python one): its provenance's `plan_tracker`; runs before
+    2026-11-27T08:30 have none and were planned for the native tracker with its saved-tensor
+    hooks on every forward op."""
+    return (measured.get("provenance") or {}).get("plan_tracker") or "native-always"
 
 
 def run_case(case: Case, first_iteration: bool | None = None,
@@ -317,7 +327,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                           case.memory_bytes, first_iteration, workspace_fallback,
                           runtime_cost=runtime_cost, tracker=measured_tracker(measured),
-                          plan_tracker="native",  # as vsim's runtime plans (Session._plan)
+                          plan_tracker=planned_tracker(measured),
                           draws=TIMING_DRAWS)
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's

@@ -213,8 +213,11 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
         # what the native tracker costs per call
         return dataclasses.replace(host, pack_us=0.0, record_callback_us=0.0,
                                    native_us_per_call=0.0)
-    # None: the runtime's default, native where built
-    return dataclasses.replace(host, tracker_us_per_op=0.0)
+    # None: the runtime's default, native where built, its saved-tensor hooks on only where a
+    # save is armed; "native-always": the native tracker before 2026-11-27T08:30, the hooks on
+    # for every forward op
+    return dataclasses.replace(host, tracker_us_per_op=0.0,
+                               hooks="always" if tracker == "native-always" else "armed")
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
@@ -249,11 +252,12 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     `tracked`: with host time, the run is vsim's executor (vsim measure), whose op tracker costs
     host time per op (HostModel.tracker_us_per_op). Default: when the plan has actions, as the
     executor runs the tracker only then. `tracker`: which op tracker that executor runs
-    (vsim.runtime.nativerun): "python" pays tracker_us_per_op per op, "native" (a C++ counter,
-    its cost not modelled: -1% to +16% at batch 64 on the H200, validation/runtime/) does not;
-    None: native, as the runtime's default ("auto") runs every plan where the native tracker
-    builds. Planning profiling runs use the same tracker (planning_runner), so that a plan is
-    judged under the host costs it runs with.
+    (vsim.runtime.nativerun): "python" pays tracker_us_per_op per op; "native" (a C++ counter)
+    pays native_us_per_call per counted call and its saved-tensor hooks (pack_us) on the
+    forward ops with a save the plan acts on; "native-always" (the native tracker before
+    2026-11-27T08:30) the hooks on every forward op; None: native, as the runtime's default
+    ("auto") runs every plan where the native tracker builds. Planning profiling runs use the
+    same tracker (planning_runner), so that a plan is judged under the host costs it runs with.
 
     `dgrad_workspace`: a backward convolution first allocates and frees its data-gradient
     kernel's workspace, about its forward convolution's (TracePrep.dgrad_workspaces), which the

@@ -19,8 +19,9 @@ offload or prefetch, `free_us` per release or drop (at the op the action hangs o
 for prefetches and offloads at it, after it for the rest), a forward op some Recompute re-runs
 is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
 Python at `record_callback_us`) per aten call, as is an in-place update of what a recorded
-call touched up to the last recomputation (noted_ops), the executor's saved-tensor hook
-costs `pack_us` per forward op, and a recomputed op is replayed at `recompute_call_us` per aten
+call touched up to the last recomputation (noted_ops), the executor's saved-tensor hooks
+cost `pack_us` per forward op they are on for (every one, or those with a save the plan acts
+on: `model.hooks`, hooked_ops), and a recomputed op is replayed at `recompute_call_us` per aten
 call instead of PyTorch's forward cost; an op's calls are
 `HostModel.calls(op)` (by op name, from the runtime's op maps).
 These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
@@ -59,12 +60,24 @@ def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     return frozenset(noted)
 
 
+def hooked_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
+    """The forward ops the native tracker's saved-tensor hooks are on for (hooks "armed"): those
+    with an output the plan acts on other than their first, which their counted call does not
+    return (batch norm's saved statistics, max pooling's indices): the runtime finds it where
+    autograd saves it (vsim.runtime.native.targets)."""
+    acted = index.tensors_acted_on()
+    return frozenset(op.id for op in trace.ops
+                     if op.phase == "fwd" and any(t in acted for t in op.writes[1:]))
+
+
 def executor_us(model: HostModel, index: PlanIndex | None, op: Op,
-                noted: frozenset[int] = frozenset()) -> tuple[float, float]:
+                noted: frozenset[int] = frozenset(),
+                hooked: frozenset[int] | None = None) -> tuple[float, float]:
     """The executor's host time for the actions hung on `op`: (before it, after it). Recording
     a forward op that a Recompute re-runs is after it (the runtime records its calls as they
     return), and so is noting an in-place update (`noted`: noted_ops), which the runtime calls
-    back and records as it does a recorded call."""
+    back and records as it does a recorded call. `hooked`: the forward ops the saved-tensor
+    hooks are on for (hooked_ops; None: every one)."""
     if index is None:
         return 0.0, 0.0
     oid = op.id
@@ -76,8 +89,8 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op,
         after += (model.record_call_us + model.record_callback_us) * model.calls(op)
     elif oid in noted:
         after += model.record_call_us + model.record_callback_us
-    if op.phase == "fwd":
-        before += model.pack_us  # the saved-tensor hook on what the op saves for backward
+    if op.phase == "fwd" and (hooked is None or oid in hooked):
+        before += model.pack_us  # the saved-tensor hooks on what the op saves for backward
     return before, after
 
 
@@ -94,11 +107,13 @@ class HostClock:
         per_call = model.native_us_per_call if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
         noted = noted_ops(trace, index) if tracked and index is not None else frozenset()
+        hooked = (hooked_ops(trace, index) if tracked and index is not None and
+                  model.hooks == "armed" else None)
         for op in trace.ops:
             clock += model.op_us(op)
             if bounded and op.start_us < clock:
                 clock = op.start_us
-            before, after = executor_us(model, index if tracked else None, op, noted)
+            before, after = executor_us(model, index if tracked else None, op, noted, hooked)
             runtime += per_op + before
             if per_call:
                 runtime += per_call * model.counted(op)

@@ -122,9 +122,9 @@ class NativeRuns:
         self._frame_of_call: dict[int, int] = {}
         self.replay_note: str | None = None
         self.tracker_requested = tracker
-        # the native tracker's counter and hooks (counter.cpp): the default, or what ran before
-        # (VSIM_NATIVE_COUNTER=boxed, VSIM_NATIVE_HOOKS=always), to measure one against the other
-        self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("observer", "boxed"))
+        # the native tracker's saved-tensor hooks (counter.cpp's Packs): on only around the
+        # calls with a save the plan acts on, or throughout as before (VSIM_NATIVE_HOOKS=always,
+        # to measure one against the other)
         self.native_hooks = _choice("VSIM_NATIVE_HOOKS", ("armed", "always"))
         if tracker == "python":
             return
@@ -187,7 +187,7 @@ class NativeRuns:
         self._cal_outputs, self._cal_registered, self._cal_packs = {}, {}, []
         nat.calibrate(True)
         nat.arm(b"", {}, self._calibration_outputs)
-        nat.begin(self.native_counter == "observer")
+        nat.begin()
         self.calibrating = nat
         try:
             with Tracker(self):  # type: ignore[arg-type]
@@ -268,7 +268,7 @@ class NativeRuns:
                       torch._C._autograd._pop_saved_tensors_default_hooks, per_call)
         hooks = (contextlib.nullcontext() if per_call else
                  torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack))
-        nat.begin(self.native_counter == "observer")
+        nat.begin()
         try:
             with hooks:
                 step()

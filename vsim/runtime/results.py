@@ -183,10 +183,9 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
             "iterations": ex.iterations, "tracker": stats.tracker,
             "tracker_note": ex.tracker_note,
-            # the native tracker's counter and saved-tensor hooks (vsim.runtime.nativerun; runs
-            # before 2026-11-27T09:00 have neither key and ran "boxed" and "always")
-            **({"native_counter": ex.native_counter, "native_hooks": ex.native_hooks}
-               if stats.tracker == "native" else {}),
+            # the native tracker's saved-tensor hooks (vsim.runtime.nativerun): runs before
+            # 2026-11-27T08:30 have no such key and ran them "always"
+            **({"native_hooks": ex.native_hooks} if stats.tracker == "native" else {}),
             # the recomputation's replay: run by its compiled programs in C++, or in Python
             "replay": (None if not ex.recompute_before else
                        "compiled" if stats.tracker == "native" and ex._programs else "python"),

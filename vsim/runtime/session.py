@@ -99,6 +99,12 @@ class CollectorClock:
             self._t0 = None
 
 
+# The op tracker plans are made for: the native one, its saved-tensor hooks where a save is
+# armed (vsim.engine's trackers; plans measured before 2026-11-27T08:30 were made for
+# "native-always", and their runs' provenance has no plan_tracker)
+PLAN_TRACKER = "native"
+
+
 class Session:
     """One model, batch and trace on one device, measured under several policies in turn.
 
@@ -354,7 +360,7 @@ class Session:
             # the plan fits a capacity that binds by a margin too thin for most timing draws,
             # the policy's plan for a budget a little lower (engine.simulate's `draws`)
             plan = simulate(self.trace, self.hw, pol, make_allocator(_allocator_spec()),
-                            capacity, plan_tracker="native", draws=TIMING_DRAWS).plan
+                            capacity, plan_tracker=PLAN_TRACKER, draws=TIMING_DRAWS).plan
             self._plans[key] = (pol, plan)
         return self._plans[key]
 
@@ -508,7 +514,9 @@ class Session:
             "op_map": dict(self.opmap.diagnostics),
             "check": check,
             "notes": notes,
-            "provenance": provenance(self.device, command, self.host_probe),
+            # the tracker the plan was made for (vsim validate plans it so again)
+            "provenance": {**provenance(self.device, command, self.host_probe),
+                           "plan_tracker": PLAN_TRACKER},
         }
         if profiled is not None:
             result["profile_last"] = profiled

@@ -1,6 +1,6 @@
 """The native tracker's host cost by part, on one model's training step (no plan): the step
 alone; under the counter alone (counter.cpp's boxed fallback counting every outermost aten
-call, as before; its RecordFunction observer, as now); under the saved-tensor hooks alone (the
+call); under the saved-tensor hooks alone (the
 C++ pack and unpack, called through autograd's Python hook machinery; now on only around the
 calls with a save a plan acts on); under the boxed counter and the hooks; and the runtime's own
 instrumented runs (Session.run("none", instrument=True): calibration, then native iterations),
@@ -46,20 +46,18 @@ def main() -> None:
     if m is None:
         raise SystemExit(f"no native module: {native.error()}")
 
-    def counted(observer: bool) -> Callable[[], None]:
-        def run() -> None:
-            m.begin(observer)
-            try:
-                s.step()
-            finally:
-                m.end()
-        return run
+    def counted() -> None:
+        m.begin()
+        try:
+            s.step()
+        finally:
+            m.end()
 
-    def hooked(counter: bool, observer: bool = False) -> Callable[[], None]:
+    def hooked(counter: bool) -> Callable[[], None]:
         def run() -> None:
             m.arm_packs({}, None, None, None, False)
             if counter:
-                m.begin(observer)
+                m.begin()
             try:
                 with torch.autograd.graph.saved_tensors_hooks(m.pack, m.unpack):
                     s.step()
@@ -69,11 +67,10 @@ def main() -> None:
                 m.disarm_packs()
         return run
 
-    # "boxed": the counter before (the fallback on every call); "observer": the counter now (a
-    # RecordFunction observer); the hooks on every save, as before (now on only around the
-    # calls with a save a plan acts on: none here)
-    variants = {"plain": s.step, "counter": counted(False), "observer": counted(True),
-                "hooks": hooked(False), "counter+hooks": hooked(True)}
+    # the hooks on every save, as before (now on only around the calls with a save a plan acts
+    # on: none here); section 3 of the README ran a RecordFunction observer beside the counter
+    variants = {"plain": s.step, "counter": counted, "hooks": hooked(False),
+                "counter+hooks": hooked(True)}
     issued: dict[str, list[float]] = {k: [] for k in variants}
     total: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(3 + args.iters):
@@ -93,13 +90,11 @@ def main() -> None:
     for name in variants:
         out["variants"][name] = {"host_issue_us": round(statistics.median(issued[name]), 1),
                                  "iteration_us": round(statistics.median(total[name]), 1)}
-    # the runtime's own runs: without the tracker; instrumented as before (boxed counter, hooks
-    # throughout); instrumented now (observer, hooks where armed)
+    # the runtime's own runs: without the tracker; instrumented as before (the hooks
+    # throughout); instrumented now (the hooks where armed)
     for label, inst, env in (("session", False, {}),
-                             ("session-instrumented-before", True,
-                              {"VSIM_NATIVE_COUNTER": "boxed", "VSIM_NATIVE_HOOKS": "always"}),
-                             ("session-instrumented", True,
-                              {"VSIM_NATIVE_COUNTER": "observer", "VSIM_NATIVE_HOOKS": "armed"})):
+                             ("session-instrumented-before", True, {"VSIM_NATIVE_HOOKS": "always"}),
+                             ("session-instrumented", True, {"VSIM_NATIVE_HOOKS": "armed"})):
         os.environ.update(env)
         r = s.run("none", iters=args.iters, instrument=inst)
         out["variants"][label] = {

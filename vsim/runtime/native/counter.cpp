@@ -1,16 +1,12 @@
 // vsim's native op tracker: counts the iteration's dispatcher calls in C++ and calls back into
 // Python only at the calls where the executor acts (vsim/runtime/native/__init__.py).
 //
-// Two parts. The counter: a RecordFunction observer (the hook PyTorch's profiler uses) numbers
-// the outermost calls and turns RecordFunction off inside each, so that a call costs one
-// observer call however many calls it makes ("observer"). The actions: a boxed fallback on the
-// TESTING_ONLY_GenericMode dispatch key, which no part of PyTorch uses outside its tests, put in
-// the thread's included dispatch keys only for the calls the executor acts at (and throughout a
-// calibrating iteration), since a boxed fallback boxes and unboxes every call it sees: 1.8-3.6
-// us per call on the lent hosts (validation/host/waits/). "boxed" (VSIM_NATIVE_COUNTER=boxed)
-// is the tracker before: the fallback on every call, counting them itself. PyTorch carries the
-// thread-local state (the included key, the observer, RecordFunction's switch) into the
-// autograd engine's threads, so backward's calls are counted too.
+// A boxed fallback on the TESTING_ONLY_GenericMode dispatch key, which no part of PyTorch uses
+// outside its tests. The key is put in the thread's included dispatch keys while an iteration
+// runs; PyTorch carries that thread-local set into the autograd engine's threads, so backward's
+// calls are counted too. A Python TorchDispatchMode costs ~40 us per aten call on the host; this
+// fallback 1.2-3.6 us on the lent hosts (validation/host/waits/; a RecordFunction observer, the
+// profiler's hook, was tried in its place and cost as much or more: waits/observer/).
 //
 // Single iteration at a time: the forward thread and the autograd thread never dispatch at the
 // same time in a training step (backward() blocks its caller), so the state is plain globals.
@@ -24,10 +20,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
-#include <ATen/record_function.h>
-
 #include <chrono>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -58,7 +51,6 @@ namespace {
 constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
 enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4, SAVES = 8 };
-constexpr uint8_t ACTS = PRE | POST | FRAMES;  // what the fallback must see the call for
 // frame flags of the compiled replay (replay.cpp): capture the frame's arguments, and its RNG
 // state before it runs
 enum CaptureFlag : uint8_t { CAPTURE = 8, CAPTURE_RNG = 16 };
@@ -86,8 +78,6 @@ struct State {
   std::unordered_map<int64_t, std::string> frame_expect;    // armed: frame_key -> its name
   py::object frame_callback;  // armed: frame_callback(count, frame, name, args, kwargs, outputs,
                               // post)
-  bool observer = true;       // the counter: the RecordFunction observer, else the fallback
-  at::CallbackHandle handle = at::INVALID_CALLBACK_HANDLE;
 };
 
 State S;
@@ -399,45 +389,6 @@ uint8_t flags_of(int64_t c) {
   return c < static_cast<int64_t>(S.flags.size()) ? S.flags[c] : 0;
 }
 
-// Whether the fallback sees counted call c (the observer counter): throughout calibration, else
-// where the executor acts at c.
-void include_for(int64_t c) {
-  c10::impl::tls_set_dispatch_key_included(KEY, S.calibrating || (flags_of(c) & ACTS));
-}
-
-// The observer's count of the call the fallback is about to see (the call RecordFunction just
-// started on this thread), or -1 (a call RecordFunction does not observe: not counted).
-thread_local int64_t pending = -1;
-
-struct Counted : at::ObserverContext {};
-
-std::unique_ptr<at::ObserverContext> observe_start(const at::RecordFunction& fn) {
-  if (S.paused) return nullptr;
-  auto name = fn.operator_name();
-  if (!name) {
-    // the autograd engine starts a node: it has just reset its thread's state to the state at
-    // backward's start, the included key with it
-    if (std::strncmp(fn.name(), "autograd::engine::evaluate_function", 35) == 0)
-      include_for(S.count);
-    return nullptr;
-  }
-  const int64_t c = S.count++;
-  if (S.calibrating)
-    S.names.push_back(name->name + "." +
-                      (name->overload_name.empty() ? std::string("default") : name->overload_name));
-  pending = c;
-  hooks_at(c, flags_of(c));
-  at::enableRecordFunction(false);  // the calls it makes are not counted: no observer for them
-  return std::make_unique<Counted>();
-}
-
-void observe_end(const at::RecordFunction&, at::ObserverContext* counted) {
-  if (counted == nullptr) return;
-  at::enableRecordFunction(true);
-  pending = -1;
-  include_for(S.count);
-}
-
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY);
   if (S.paused || op.operator_name().name.rfind("profiler::", 0) == 0) {
@@ -453,24 +404,16 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     }
     return;
   }
-  int64_t c;
-  if (S.observer) {
-    c = pending;
-    pending = -1;
-  } else {
-    c = S.count++;
-    if (S.calibrating) S.names.push_back(name_of(op));
-    hooks_at(c, flags_of(c));
-  }
+  const int64_t c = S.count++;
   uint8_t f = 0;
-  if (c < 0) {
-    f = 0;  // not observed, not counted
-  } else if (S.calibrating) {
+  if (S.calibrating) {
+    S.names.push_back(name_of(op));
     f = FRAMES;
     if (S.callback) f |= POST;  // calibration sees every counted call's outputs
   } else {
     f = flags_of(c);
   }
+  hooks_at(c, f);
   if (f & PRE) call_back(c, op, stack, false);
   if (f & FRAMES) {
     int64_t n;
@@ -495,7 +438,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   if (f & POST) call_back(c, op, stack, true);
 }
 
-void do_begin(bool observer) {
+void do_begin() {
 #ifndef VSIM_NO_REPLAY
   vsim_replay::clear();
 #endif
@@ -507,22 +450,11 @@ void do_begin(bool observer) {
     S.frames.clear();
   }
   P.hooked = false;
-  S.observer = observer;
-  if (observer) {
-    S.handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&observe_start, &observe_end).scopes({at::RecordScope::FUNCTION}));
-    include_for(0);
-  } else {
-    c10::impl::tls_set_dispatch_key_included(KEY, true);
-  }
+  c10::impl::tls_set_dispatch_key_included(KEY, true);
   if (P.per_call && P.at_zero) set_hooks(true);
 }
 
 void do_end() {
-  if (S.handle != at::INVALID_CALLBACK_HANDLE) {
-    at::removeCallback(S.handle);
-    S.handle = at::INVALID_CALLBACK_HANDLE;
-  }
   c10::impl::tls_set_dispatch_key_included(KEY, false);
   if (P.hooked && P.thread == std::this_thread::get_id()) set_hooks(false);
   P.hooked = false;
@@ -609,9 +541,7 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("begin", &do_begin, "count from 0 on this thread (and the autograd threads it starts); "
-        "observer: count with a RecordFunction observer, else with the fallback on every call",
-        py::arg("observer") = true);
+  m.def("begin", &do_begin, "count from 0 on this thread (and the autograd threads it starts)");
   m.def("end", &do_end);
   m.def("pause", &do_pause, "stop or resume counting; returns the previous state");
   m.def("count", &do_count);
