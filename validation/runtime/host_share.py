@@ -5,9 +5,11 @@ waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026
 UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27):
 vsim.validate's `runtime_own_us`. That leaves out the native tracker itself (its counter on every
 counted call and the saved-tensor hooks, outside the executor's timers); the last column adds
-them as the run's hardware profile charges them (`native_us_per_call` per counted call of the
-run's trace, `pack_us` per forward op: measured on the H100, validation/host/waits/), an
-estimate, not a timing of that run.
+them: the counter as the run's hardware profile charges it (`native_us_per_call` per counted
+call of the run's trace), the hooks at SAVE_US per save the run made through them
+(`executed.packs`: every save before 2026-11-27T08:30, only around the calls with a save the
+plan acts on since). Measured on the H100 (validation/host/waits/), an estimate, not a timing
+of that run.
 Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
@@ -26,6 +28,9 @@ from vsim.trace import load_trace
 from vsim.validate import runtime_own_us
 
 ROOT = Path(__file__).resolve().parents[2]
+# the saved-tensor hooks per save, median of five models on the H100 (validation/host/waits/
+# README, section 2: 4.6-8.6 us); not measured on the H200
+SAVE_US = 6.4
 
 
 def main() -> None:
@@ -36,13 +41,12 @@ def main() -> None:
     rows = []
     tracker_us: dict[tuple[str, str], float] = {}  # (hardware, trace) -> the profile's charge
 
-    def tracker(hardware: str, trace: str) -> float:
+    def counter(hardware: str, trace: str) -> float:
         if (hardware, trace) not in tracker_us:
             host = load_host_model(hardware)
             ops = load_trace(ROOT / trace).ops
             tracker_us[hardware, trace] = 0.0 if host is None else sum(
-                host.native_us_per_call * host.counted(o) + host.pack_us * (o.phase == "fwd")
-                for o in ops)
+                host.native_us_per_call * host.counted(o) for o in ops)
         return tracker_us[hardware, trace]
 
     for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json"))):
@@ -56,21 +60,24 @@ def main() -> None:
         if args.hardware and d.get("hardware") != args.hardware:
             continue
         assert ex is not None
-        with_tracker = own + (tracker(d["hardware"], d["trace"])
-                              if ex.get("tracker") == "native" else 0.0)
-        rows.append((d["id"], ex["executor_host_us"] / it, own / it, ex.get("tracker"),
-                     with_tracker / it))
+        native = ex.get("tracker") == "native"
+        with_tracker = own + (counter(d["hardware"], d["trace"]) +
+                              SAVE_US * (ex.get("packs") or 0) if native else 0.0)
+        tracker = f"native ({ex.get('native_hooks', 'always')})" if native else ex.get("tracker")
+        rows.append((d["id"], ex["executor_host_us"] / it, own / it, tracker, with_tracker / it))
     if not rows:
         raise SystemExit("no measured run with executor_replay_call_us")
     print("| run | executor host share | own share | tracker | own share with the tracker (est.) |")
     print("|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: -r[2]):
         print(f"| {r[0]} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {r[3]} | {100 * r[4]:.1f}% |")
-    for name, i in (("executor host share", 1), ("own share", 2),
-                    ("own share with the tracker (estimated)", 4)):
-        v = [r[i] for r in rows]
-        print(f"{name}: median {100 * statistics.median(v):.1f}%, largest {100 * max(v):.1f}%, "
-              f"over 10%: {sum(x > 0.10 for x in v)} of {len(v)}")
+    for kind in sorted({r[3] for r in rows}):
+        some = [r for r in rows if r[3] == kind]
+        for name, i in (("executor host share", 1), ("own share", 2),
+                        ("own share with the tracker (estimated)", 4)):
+            v = [r[i] for r in some]
+            print(f"{kind}: {name}: median {100 * statistics.median(v):.1f}%, largest "
+                  f"{100 * max(v):.1f}%, over 10%: {sum(x > 0.10 for x in v)} of {len(v)}")
 
 
 if __name__ == "__main__":
