@@ -200,6 +200,29 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
     assert got["executed"]["packs"] < ref["executed"]["packs"]
 
 
+@pytest.mark.parametrize("policy", ["layrub", "recompute:strategy=sqrt"])
+def test_the_fast_counter_counts_and_acts_as_the_boxed_one(cnn, monkeypatch, policy: str) -> None:
+    """VSIM_NATIVE_COUNTER=fast (the common operators' calls counted by unboxed kernels, the
+    rest by the boxed fallback): the same calls counted, the same actions, gradients bitwise
+    equal."""
+    from vsim.runtime import native
+
+    trace, s = cnn
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    ref = s.run(policy, cap, iters=2, warmup=1)
+    boxed = native.actions().count()
+    monkeypatch.setenv("VSIM_NATIVE_COUNTER", "fast")
+    got = s.run(policy, cap, iters=2, warmup=1)
+    assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
+    assert got["executed"]["native_counter"] == "fast"
+    assert native.actions().count() == boxed > 0
+    assert got["check"]["bitwise_equal"], got["check"]
+    for key in ("d2h_bytes", "h2d_bytes"):
+        assert got[key] == ref[key]
+    assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"]
+
+
 def test_a_bad_hooks_choice_is_an_error(cnn, monkeypatch) -> None:
     trace, s = cnn
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "never")

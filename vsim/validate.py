@@ -326,7 +326,9 @@ def run_case(case: Case, first_iteration: bool | None = None,
     try:
         result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                           case.memory_bytes, first_iteration, workspace_fallback,
-                          runtime_cost=runtime_cost, tracker=measured_tracker(measured),
+                          runtime_cost=runtime_cost,
+                          # a run with no executor's report: the tracker it was planned for
+                          tracker=measured_tracker(measured) or planned_tracker(measured),
                           plan_tracker=planned_tracker(measured),
                           draws=TIMING_DRAWS)
         report = result.report

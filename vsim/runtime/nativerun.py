@@ -126,6 +126,10 @@ class NativeRuns:
         # calls with a save the plan acts on, or throughout as before (VSIM_NATIVE_HOOKS=always,
         # to measure one against the other)
         self.native_hooks = _choice("VSIM_NATIVE_HOOKS", ("armed", "always"))
+        # the counter: the boxed fallback on every outermost call, or the common operators'
+        # calls counted by unboxed kernels ("fast", counter.cpp's Fast; opt-in until the host
+        # model charges it and the runs it moves are measured)
+        self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("boxed", "fast"))
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -268,6 +272,7 @@ class NativeRuns:
                       torch._C._autograd._pop_saved_tensors_default_hooks, per_call)
         hooks = (contextlib.nullcontext() if per_call else
                  torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack))
+        nat.set_fast(self.native_counter == "fast")
         nat.begin()
         try:
             with hooks:

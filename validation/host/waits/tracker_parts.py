@@ -1,6 +1,7 @@
 """The native tracker's host cost by part, on one model's training step (no plan): the step
 alone; under the counter alone (counter.cpp's boxed fallback counting every outermost aten
-call); under the saved-tensor hooks alone (the
+call; "counter-fast": the common operators' calls counted by unboxed kernels, counter.cpp's
+Fast); under the saved-tensor hooks alone (the
 C++ pack and unpack, called through autograd's Python hook machinery; now on only around the
 calls with a save a plan acts on); under the boxed counter and the hooks; and the runtime's own
 instrumented runs (Session.run("none", instrument=True): calibration, then native iterations),
@@ -53,6 +54,15 @@ def main() -> None:
         finally:
             m.end()
 
+    def counted_fast() -> None:  # the common operators counted by unboxed kernels
+        m.set_fast(True)
+        m.begin()
+        try:
+            s.step()
+        finally:
+            m.end()
+            m.set_fast(False)
+
     def hooked(counter: bool) -> Callable[[], None]:
         def run() -> None:
             m.arm_packs({}, None, None, None, False)
@@ -69,8 +79,8 @@ def main() -> None:
 
     # the hooks on every save, as before (now on only around the calls with a save a plan acts
     # on: none here); section 3 of the README ran a RecordFunction observer beside the counter
-    variants = {"plain": s.step, "counter": counted, "hooks": hooked(False),
-                "counter+hooks": hooked(True)}
+    variants = {"plain": s.step, "counter": counted, "counter-fast": counted_fast,
+                "hooks": hooked(False), "counter+hooks": hooked(True)}
     issued: dict[str, list[float]] = {k: [] for k in variants}
     total: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(3 + args.iters):
@@ -94,7 +104,9 @@ def main() -> None:
     # throughout); instrumented now (the hooks where armed)
     for label, inst, env in (("session", False, {}),
                              ("session-instrumented-before", True, {"VSIM_NATIVE_HOOKS": "always"}),
-                             ("session-instrumented", True, {"VSIM_NATIVE_HOOKS": "armed"})):
+                             ("session-instrumented", True, {"VSIM_NATIVE_HOOKS": "armed"}),
+                             ("session-instrumented-fast", True,
+                              {"VSIM_NATIVE_HOOKS": "armed", "VSIM_NATIVE_COUNTER": "fast"})):
         os.environ.update(env)
         r = s.run("none", iters=args.iters, instrument=inst)
         out["variants"][label] = {
