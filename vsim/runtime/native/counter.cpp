@@ -321,10 +321,11 @@ void set_hooks(bool on) {
   if (on) P.thread = std::this_thread::get_id();
 }
 
-// Counted call c starts: the hooks of count c (if on) off, those of count c + 1 on where the
-// plan acts on a save there. Hooks pushed on the forward thread stay on through backward (the
-// autograd thread holds a copy; there are no saves there) until end() pops them.
-void hooks_at(int64_t c, uint8_t f) {
+// A counted call with flags f starts: the hooks of the count before (if on) off, those of its
+// own count on where the plan acts on a save there (SAVES). Hooks pushed on the forward thread
+// stay on through backward (the autograd thread holds a copy; there are no saves there) until
+// end() pops them.
+void hooks_at(uint8_t f) {
   if (!P.per_call) return;
   if (P.hooked) {
     if (P.thread != std::this_thread::get_id()) return;
@@ -416,7 +417,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   } else {
     f = flags_of(c);
   }
-  hooks_at(c, f);
+  hooks_at(f);
   if (f & PRE) call_back(c, op, stack, false);
   if (f & FRAMES) {
     int64_t n;
@@ -456,8 +457,7 @@ struct Fast<Op, R(A...)> {
     const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY);
     if (S.fast && depth == 0 && !S.paused && !S.calibrating &&
         !(flags_of(S.count) & (PRE | POST | FRAMES))) {
-      const int64_t c = S.count++;
-      hooks_at(c, flags_of(c));
+      hooks_at(flags_of(S.count++));
       Depth d;
       c10::impl::ExcludeDispatchKeyGuard inner(KEY);
       return Op::redispatch(after, std::forward<A>(a)...);
