@@ -18,7 +18,7 @@ from vsim.policies import make_policy
 from vsim.retarget import for_hardware
 from vsim.trace import load_trace
 from vsim.trace.schema import Trace
-from vsim.validate import Case, measured_result, measured_tracker
+from vsim.validate import Case, measured_result, measured_tracker, planned_tracker
 
 HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
 
@@ -34,8 +34,9 @@ def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
     m = measured_result(case, trace.measured)
     if fitted_only and (not m["fits"] or not m.get("iteration_time_us")):
         return None
+    tracker = measured_tracker(m) or planned_tracker(m)  # as vsim validate runs and plans it
     sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                   case.memory_bytes, tracker=measured_tracker(m), plan_tracker="native")
+                   case.memory_bytes, tracker=tracker, plan_tracker=planned_tracker(m))
     base = engine._host_model  # noqa: SLF001
     again = []
     for change in changes:
@@ -47,7 +48,7 @@ def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
         engine._host_model = changed  # noqa: SLF001
         try:
             again.append(run_plan(trace, hw, sim.plan, make_allocator(case.allocator),
-                                  case.memory_bytes, tracker=measured_tracker(m)).report)
+                                  case.memory_bytes, tracker=tracker).report)
         finally:
             engine._host_model = base  # noqa: SLF001
     return m, sim.report, again

@@ -9,7 +9,11 @@ not charged) and prints the MAPE of both over the cases both predict and measure
 Writes nothing.
 
     PYTHONPATH=tools python tools/tracker_whatif.py [--counter-us 0] [--pack-us 3.1]
-        [--left-us 58.1]
+        [--left-us 58.1] [--armed-pack-us US] [--only-armed]
+
+`--armed-pack-us`: the hooks' charge per hooked forward op for the runs with the hooks armed
+(the runtime since 2026-11-27T08:30; default: as `--pack-us`); `--only-armed`: those runs only,
+the other charges as the profile's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import json
+from pathlib import Path
 
 from host_whatif import HELD_OUT, rerun_with_host
 
@@ -29,16 +35,25 @@ def main() -> None:
     ap.add_argument("--counter-us", type=float, default=0.0)
     ap.add_argument("--pack-us", type=float, default=3.1)
     ap.add_argument("--left-us", type=float, default=58.1)
+    ap.add_argument("--armed-pack-us", type=float, default=None)
+    ap.add_argument("--only-armed", action="store_true")
     args = ap.parse_args()
 
     def other(host: HostModel) -> HostModel:
-        return dataclasses.replace(host, native_us_per_call=args.counter_us,
-                                   pack_us=args.pack_us, record_callback_us=args.left_us)
+        armed = host.hooks == "armed"
+        if args.only_armed:
+            return dataclasses.replace(host, pack_us=args.armed_pack_us) if armed and \
+                args.armed_pack_us is not None else host
+        pack = args.armed_pack_us if armed and args.armed_pack_us is not None else args.pack_us
+        return dataclasses.replace(host, native_us_per_call=args.counter_us, pack_us=pack,
+                                   record_callback_us=args.left_us)
 
     names = ("profile", "other values")
     rows: dict[str, list[tuple[str, float]]] = {n: [] for n in names}
     for case in load_cases(sorted(glob.glob("validation/cases/*.yaml"))):
         if case.hardware != "h100-sxm":
+            continue
+        if args.only_armed and not _armed(case.measured):
             continue
         runs = rerun_with_host(case, other)
         if runs is None:
@@ -56,6 +71,15 @@ def main() -> None:
         print(f"{name:12s}: {len(got)} cases, time MAPE {mape:.2f}%, held-out models "
               f"{100 * sum(held) / max(len(held), 1):.2f}% ({len(held)}), over 15%: "
               f"{sum(abs(e) > 0.15 for _, e in got)} (too fast {sum(e < -0.15 for _, e in got)})")
+
+
+def _armed(measured: str) -> bool:
+    """Whether the measured run had the saved-tensor hooks armed."""
+    try:
+        doc = json.loads(Path(measured).read_text())
+    except (OSError, ValueError):
+        return False
+    return (doc.get("executed") or {}).get("native_hooks") == "armed"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""The host model's place for the saved-tensor hooks against what the runs did: for every
+measured run with the hooks armed (`executed.native_hooks: armed`), the forward ops the model
+charges the hooks on (vsim.engine.hostclock.hooked_ops of the plan `vsim validate` makes for it)
+against the saves that went through the hooks (`executed.packs`). Prints one line per run and
+the median saves per hooked op (the model charges `pack_us` per hooked op, set as 2.2 saves of
+6.4 us: validation/host/waits/). Writes nothing.
+
+    python tools/hooked_saves_check.py
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+from pathlib import Path
+
+from vsim.allocator import make_allocator
+from vsim.engine import TIMING_DRAWS, simulate
+from vsim.engine.hostclock import hooked_ops
+from vsim.hardware import load_hardware
+from vsim.plan import PlanIndex
+from vsim.policies import make_policy
+from vsim.retarget import for_hardware
+from vsim.trace import load_trace
+from vsim.validate import load_cases, planned_tracker
+
+
+def main() -> None:
+    ratios = []
+    mismatched = []
+    for case in load_cases(sorted(glob.glob("validation/cases/*.yaml"))):
+        if case.measured == "trace":
+            continue
+        doc = json.loads(Path(case.measured).read_text())
+        ex = doc.get("executed") or {}
+        if ex.get("native_hooks") != "armed" or not doc.get("fits"):
+            continue
+        hw = load_hardware(case.hardware)
+        trace, _ = for_hardware(load_trace(case.trace), hw)
+        plan = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                        case.memory_bytes, plan_tracker=planned_tracker(doc),
+                        draws=TIMING_DRAWS).plan
+        hooked = len(hooked_ops(trace, PlanIndex(plan)))
+        saves = int(ex.get("packs") or 0)
+        print(f"{case.id}: {hooked} hooked ops, {saves} saves through the hooks", flush=True)
+        if hooked:
+            ratios.append(saves / hooked)
+        if (hooked > 0) != (saves > 0):
+            mismatched.append(case.id)
+    if ratios:
+        print(f"saves per hooked op: median {statistics.median(ratios):.2f}, "
+              f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} runs")
+    print(f"hooks predicted on but none ran, or the reverse: {len(mismatched)} "
+          f"{' '.join(mismatched)}")
+
+
+if __name__ == "__main__":
+    main()
