@@ -3,7 +3,10 @@ calls back into Python only where the executor acts.
 
 Why: the Python tracker (vsim.runtime.tracker, a TorchDispatchMode) costs ~40 us of host time
 per aten call, which slowed host-bound models by +28% to +102% under any plan (issue 13); a
-C++ fallback on a dispatch key costs ~0.4 us per call (docs/design.md, "The native tracker").
+C++ fallback on a dispatch key costs 1.2-3.6 us per call on the lent hosts (0.4 on the
+development CPU; validation/host/waits/), and VSIM_NATIVE_COUNTER=fast counts the common
+operators' calls with unboxed kernels instead (counter.cpp's Fast; docs/design.md, "The
+native tracker" and "The hooks only where armed").
 
 How a run finds its places without a Python mode: the first iteration of an Executor under a
 given set of determinism flags runs the Python tracker with the counter calibrating beside it
