@@ -5,7 +5,7 @@ against the saves that went through the hooks (`executed.packs`). Prints one lin
 the median saves per hooked op (the model charges `pack_us` per hooked op, set as 2.2 saves of
 6.4 us: validation/host/waits/). Writes nothing.
 
-    python tools/hooked_saves_check.py
+    PYTHONPATH=tools python tools/hooked_saves_check.py
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ import json
 import statistics
 from pathlib import Path
 
-from vsim.allocator import make_allocator
-from vsim.engine import TIMING_DRAWS, simulate
+from host_whatif import planned
+
 from vsim.engine.hostclock import hooked_ops
-from vsim.hardware import load_hardware
 from vsim.plan import PlanIndex
-from vsim.policies import make_policy
-from vsim.retarget import for_hardware
-from vsim.trace import load_trace
-from vsim.validate import load_cases, planned_tracker
+from vsim.validate import load_cases
 
 
 def main() -> None:
@@ -36,11 +32,7 @@ def main() -> None:
         ex = doc.get("executed") or {}
         if ex.get("native_hooks") != "armed" or not doc.get("fits"):
             continue
-        hw = load_hardware(case.hardware)
-        trace, _ = for_hardware(load_trace(case.trace), hw)
-        plan = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                        case.memory_bytes, plan_tracker=planned_tracker(doc),
-                        draws=TIMING_DRAWS).plan
+        trace, plan = planned(case)
         hooked = len(hooked_ops(trace, PlanIndex(plan)))
         saves = int(ex.get("packs") or 0)
         print(f"{case.id}: {hooked} hooked ops, {saves} saves through the hooks", flush=True)

@@ -1,7 +1,8 @@
 """What the what-if tools on the host model share: a validation case planned as `vsim validate`
 plans it, then that plan run again with the host model changed (plans held, so no remeasure is
 needed to read the effect; adopting the change would move plans). Used by
-tools/host_calls_whatif.py and tools/host_probe_whatif.py; not a command of its own.
+tools/host_calls_whatif.py, host_probe_whatif.py, tracker_whatif.py, moved_plans.py and
+hooked_saves_check.py; not a command of its own.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from typing import Any
 
 import vsim.engine as engine
 from vsim.allocator import make_allocator
-from vsim.engine import run_plan, simulate
+from vsim.engine import TIMING_DRAWS, run_plan, simulate
 from vsim.hardware import Hardware, load_hardware
 from vsim.host import HostModel
+from vsim.plan import Plan
 from vsim.policies import make_policy
 from vsim.retarget import for_hardware
 from vsim.trace import load_trace
@@ -21,6 +23,30 @@ from vsim.trace.schema import Trace
 from vsim.validate import Case, measured_result, measured_tracker, planned_tracker
 
 HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
+
+
+def planned(case: Case, change: Callable[[HostModel], HostModel] | None = None
+            ) -> tuple[Trace, Plan]:
+    """(the case's trace on its hardware, the plan `vsim validate` makes for it), with `change`
+    applied to every host model its planning loads (None: as they are)."""
+    hw = load_hardware(case.hardware)
+    trace, _ = for_hardware(load_trace(case.trace), hw)
+    m = measured_result(case, trace.measured)
+    base = engine._host_model  # noqa: SLF001
+
+    def changed(trace: Trace, hw: Hardware, host_time: Any,
+                tracker: Any = None) -> HostModel | None:
+        host = base(trace, hw, host_time, tracker)
+        return None if host is None or change is None else change(host)
+
+    engine._host_model = changed  # noqa: SLF001
+    try:
+        plan = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                        case.memory_bytes, tracker=measured_tracker(m) or planned_tracker(m),
+                        plan_tracker=planned_tracker(m), draws=TIMING_DRAWS).plan
+    finally:
+        engine._host_model = base  # noqa: SLF001
+    return trace, plan
 
 
 def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
@@ -36,7 +62,8 @@ def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
         return None
     tracker = measured_tracker(m) or planned_tracker(m)  # as vsim validate runs and plans it
     sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                   case.memory_bytes, tracker=tracker, plan_tracker=planned_tracker(m))
+                   case.memory_bytes, tracker=tracker, plan_tracker=planned_tracker(m),
+                   draws=TIMING_DRAWS)
     base = engine._host_model  # noqa: SLF001
     again = []
     for change in changes:
