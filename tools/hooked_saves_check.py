@@ -18,7 +18,7 @@ from pathlib import Path
 from host_whatif import planned
 
 from vsim.engine.hostclock import hooked_ops
-from vsim.plan import PlanIndex
+from vsim.plan import PlanIndex, plan_digest
 from vsim.validate import load_cases
 
 
@@ -33,6 +33,8 @@ def main() -> None:
         if ex.get("native_hooks") != "armed" or not doc.get("fits"):
             continue
         trace, plan = planned(case)
+        if plan_digest(plan) != (doc.get("plan") or {}).get("digest"):
+            raise SystemExit(f"{case.id}: the plan made here is not the run's")
         hooked = len(hooked_ops(trace, PlanIndex(plan)))
         saves = int(ex.get("packs") or 0)
         print(f"{case.id}: {hooked} hooked ops, {saves} saves through the hooks", flush=True)

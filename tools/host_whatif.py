@@ -37,7 +37,7 @@ def planned(case: Case, change: Callable[[HostModel], HostModel] | None = None
     def changed(trace: Trace, hw: Hardware, host_time: Any,
                 tracker: Any = None) -> HostModel | None:
         host = base(trace, hw, host_time, tracker)
-        return None if host is None or change is None else change(host)
+        return host if host is None or change is None else change(host)
 
     engine._host_model = changed  # noqa: SLF001
     try:
