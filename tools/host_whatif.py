@@ -7,31 +7,25 @@ hooked_saves_check.py; not a command of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import vsim.engine as engine
 from vsim.allocator import make_allocator
-from vsim.engine import TIMING_DRAWS, run_plan, simulate
-from vsim.hardware import Hardware, load_hardware
+from vsim.engine import run_plan
+from vsim.hardware import Hardware
 from vsim.host import HostModel
 from vsim.plan import Plan
-from vsim.policies import make_policy
-from vsim.retarget import for_hardware
-from vsim.trace import load_trace
 from vsim.trace.schema import Trace
-from vsim.validate import Case, measured_result, measured_tracker, planned_tracker
+from vsim.validate import Case, case_inputs, run_tracker, simulate_case
 
 HELD_OUT = ("efficientnet_b0", "regnet_y_1_6gf", "swin_t", "wide_resnet50_2")
 
 
-def planned(case: Case, change: Callable[[HostModel], HostModel] | None = None
-            ) -> tuple[Trace, Plan]:
-    """(the case's trace on its hardware, the plan `vsim validate` makes for it), with `change`
-    applied to every host model its planning loads (None: as they are)."""
-    hw = load_hardware(case.hardware)
-    trace, _ = for_hardware(load_trace(case.trace), hw)
-    m = measured_result(case, trace.measured)
+@contextmanager
+def host_changed(change: Callable[[HostModel], HostModel] | None) -> Iterator[None]:
+    """Within: `change` applied to every host model a run loads (None: as they are)."""
     base = engine._host_model  # noqa: SLF001
 
     def changed(trace: Trace, hw: Hardware, host_time: Any,
@@ -41,12 +35,18 @@ def planned(case: Case, change: Callable[[HostModel], HostModel] | None = None
 
     engine._host_model = changed  # noqa: SLF001
     try:
-        plan = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                        case.memory_bytes, tracker=measured_tracker(m) or planned_tracker(m),
-                        plan_tracker=planned_tracker(m), draws=TIMING_DRAWS).plan
+        yield
     finally:
         engine._host_model = base  # noqa: SLF001
-    return trace, plan
+
+
+def planned(case: Case, change: Callable[[HostModel], HostModel] | None = None
+            ) -> tuple[Trace, Plan]:
+    """(the case's trace on its hardware, the plan `vsim validate` makes for it), with `change`
+    applied to every host model its planning loads (None: as they are)."""
+    trace, hw, m = case_inputs(case)
+    with host_changed(change):
+        return trace, simulate_case(case, trace, hw, m).plan
 
 
 def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
@@ -55,27 +55,13 @@ def rerun_with_host(case: Case, *changes: Callable[[HostModel], HostModel],
     """(measured, report as validate plans and runs it, per change the report of that plan
     run again with the change applied to every host model the run loads); None when
     `fitted_only` and the measured run did not fit or has no time."""
-    hw = load_hardware(case.hardware)
-    trace, _ = for_hardware(load_trace(case.trace), hw)
-    m = measured_result(case, trace.measured)
+    trace, hw, m = case_inputs(case)
     if fitted_only and (not m["fits"] or not m.get("iteration_time_us")):
         return None
-    tracker = measured_tracker(m) or planned_tracker(m)  # as vsim validate runs and plans it
-    sim = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                   case.memory_bytes, tracker=tracker, plan_tracker=planned_tracker(m),
-                   draws=TIMING_DRAWS)
-    base = engine._host_model  # noqa: SLF001
+    sim = simulate_case(case, trace, hw, m)
     again = []
     for change in changes:
-        def changed(trace: Trace, hw: Hardware, host_time: Any, tracker: Any = None,
-                    change: Callable[[HostModel], HostModel] = change) -> HostModel | None:
-            host = base(trace, hw, host_time, tracker)
-            return None if host is None else change(host)
-
-        engine._host_model = changed  # noqa: SLF001
-        try:
+        with host_changed(change):
             again.append(run_plan(trace, hw, sim.plan, make_allocator(case.allocator),
-                                  case.memory_bytes, tracker=tracker).report)
-        finally:
-            engine._host_model = base  # noqa: SLF001
+                                  case.memory_bytes, tracker=run_tracker(m)).report)
     return m, sim.report, again

@@ -31,12 +31,17 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, VsimError
 from .hardware import parse_percent
 from .safeload import parse_json, read_bytes, read_yaml
 from .units import parse_size
+
+if TYPE_CHECKING:
+    from .engine import SimResult
+    from .hardware import Hardware
+    from .trace.schema import Trace
 
 METRICS = ("iteration_time", "peak_allocated", "peak_reserved")
 # A case's family when its file names none: the first prefix of its trace's (or id's) name, in
@@ -305,32 +310,54 @@ def planned_tracker(measured: dict[str, Any]) -> str:
     return (measured.get("provenance") or {}).get("plan_tracker") or "native-always"
 
 
-def run_case(case: Case, first_iteration: bool | None = None,
-             workspace_fallback: bool | None = None,
-             runtime_cost: bool | None = None) -> dict[str, Any]:
-    """Simulate one case and compare; the row of `vsim validate --json`."""
-    from .allocator import make_allocator
-    from .engine import TIMING_DRAWS, simulate
-    from .engine.simulator import PlanError
+def case_inputs(case: Case) -> tuple[Trace, Hardware, dict[str, Any]]:
+    """The case's trace on its hardware (recorded on another GPU: retargeted, as `vsim run`
+    does), the hardware, and the measured result it is held against."""
     from .hardware import load_hardware
-    from .plan import plan_digest
-    from .policies import make_policy
     from .retarget import for_hardware
     from .trace import load_trace
 
     trace = load_trace(case.trace)
     measured = measured_result(case, trace.measured)
     hw = load_hardware(case.hardware)
-    trace, _ = for_hardware(trace, hw)  # recorded on another GPU: retargeted, as `vsim run` does
+    trace, _ = for_hardware(trace, hw)
+    return trace, hw, measured
+
+
+def run_tracker(measured: dict[str, Any]) -> str:
+    """The op tracker a case is predicted under: the measured run's, and for a run with no
+    executor's report, the tracker it was planned for."""
+    return measured_tracker(measured) or planned_tracker(measured)
+
+
+def simulate_case(case: Case, trace: Trace, hw: Hardware, measured: dict[str, Any],
+                  first_iteration: bool | None = None, workspace_fallback: bool | None = None,
+                  runtime_cost: bool | None = None) -> SimResult:
+    """The case's plan and its simulation as `vsim validate` makes them (case_inputs' trace,
+    hardware and measured result): planned for the tracker the run was planned for, run under
+    the one it ran, with timing draws. Raises PlanError where the plan is not runnable."""
+    from .allocator import make_allocator
+    from .engine import TIMING_DRAWS, simulate
+    from .policies import make_policy
+
+    return simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
+                    case.memory_bytes, first_iteration, workspace_fallback,
+                    runtime_cost=runtime_cost, tracker=run_tracker(measured),
+                    plan_tracker=planned_tracker(measured), draws=TIMING_DRAWS)
+
+
+def run_case(case: Case, first_iteration: bool | None = None,
+             workspace_fallback: bool | None = None,
+             runtime_cost: bool | None = None) -> dict[str, Any]:
+    """Simulate one case and compare; the row of `vsim validate --json`."""
+    from .engine.simulator import PlanError
+    from .plan import plan_digest
+
+    trace, hw, measured = case_inputs(case)
     keys = ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes", "fits")
     try:
-        result = simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
-                          case.memory_bytes, first_iteration, workspace_fallback,
-                          runtime_cost=runtime_cost,
-                          # a run with no executor's report: the tracker it was planned for
-                          tracker=measured_tracker(measured) or planned_tracker(measured),
-                          plan_tracker=planned_tracker(measured),
-                          draws=TIMING_DRAWS)
+        result = simulate_case(case, trace, hw, measured, first_iteration, workspace_fallback,
+                               runtime_cost)
         report = result.report
     except PlanError as exc:  # the policy's plan is not runnable: a miss of the planner's
         return {"id": case.id, "family": case.family, "policy": case.policy.split(":")[0],
