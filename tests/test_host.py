@@ -104,6 +104,26 @@ def test_the_native_trackers_cost_is_per_counted_call_and_only_its_own(tmp_path:
         read_host_model(f)
 
 
+def test_armed_hooks_cost_each_save_their_op_makes(tmp_path: Path) -> None:
+    """With the hooks armed, an armed op puts every tensor it saves through them: save_us per
+    save, times its saves by name (batch norm's 7); with the hooks always on, and where no
+    table is given, pack_us per forward op (the average op's saves)."""
+    import dataclasses
+
+    m = _flat_model(tmp_path, "{pack_us: 14, save_us: 6.0, "
+                              "saves_per_op: {aten::batch_norm: 7, aten::relu_: 0}}")
+    bn, relu, conv = (_op(0, "aten::batch_norm", "fwd"), _op(1, "aten::relu_", "fwd"),
+                      _op(2, "aten::conv2d", "fwd"))
+    assert [m.hooks_us(o) for o in (bn, relu, conv)] == [42.0, 0.0, 0.0]  # default 0
+    always = dataclasses.replace(m, hooks="always")
+    assert [always.hooks_us(o) for o in (bn, relu, conv)] == [14.0] * 3
+    assert _flat_model(tmp_path, "{pack_us: 14}").hooks_us(bn) == 14.0
+    f = tmp_path / "bad.yaml"
+    f.write_text("by_phase: {fwd: 1.0}\nexecutor: {saves_per_op: {aten::relu_: -1}}\n")
+    with pytest.raises(HardwareError, match="bad.yaml: executor.saves_per_op.aten::relu_"):
+        read_host_model(f)
+
+
 def test_the_executors_action_costs_land_where_the_actions_hang(tmp_path: Path) -> None:
     """executor.copy_us per offload/prefetch (before the op for those at it, after it for
     offloads after it) and free_us per release/drop (after the op) delay the host's issue of

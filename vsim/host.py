@@ -80,6 +80,13 @@ class HostModel:
     # cost per op, tracker_us_per_op, includes both)
     pack_us: float = 0.0
     hooks: str = "armed"
+    # With the hooks armed, an armed op puts all it saves through them: `save_us` per tensor
+    # it saves for backward, times `saves_per_op` by op name (what its autograd node keeps:
+    # batch norm under cuDNN 7, layer norm 5; validation/host/fit_saves.py), `saves_default`
+    # for a name not in it. Empty, or the hooks always on: `pack_us` per op
+    save_us: float = 0.0
+    saves_per_op: dict[str, float] = field(default_factory=dict)
+    saves_default: float = 0.0
     record_callback_us: float = 0.0
     calls_per_op: dict[str, float] = field(default_factory=dict)
     calls_default: float = 1.0
@@ -94,6 +101,12 @@ class HostModel:
     def counted(self, op: Op) -> float:
         """Aten calls the native tracker counts for trace op `op`."""
         return self.counted_calls.get(op.name, self.counted_default)
+
+    def hooks_us(self, op: Op) -> float:
+        """The saved-tensor hooks' host time on forward op `op`'s saves, when they are on."""
+        if self.hooks != "armed" or not self.saves_per_op:
+            return self.pack_us
+        return self.save_us * self.saves_per_op.get(op.name, self.saves_default)
 
     def calls(self, op: Op) -> float:
         """Aten calls the runtime replays or records for forward op `op`."""
@@ -179,23 +192,26 @@ def read_host_model(path: Path) -> HostModel:
     if not isinstance(executor, dict):
         raise HardwareError(f"{path}: executor must be a mapping")
 
-    def count(value: Any, where: str) -> float:
+    def count(value: Any, where: str, low: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not 0 < float(value) < 1e4:
-            raise HardwareError(f"{path}: {where} must be a call count in (0, 1e4), "
-                                f"got {value!r}")
+                not low <= float(value) < 1e4:
+            raise HardwareError(f"{path}: {where} must be a count in "
+                                f"{'(0' if low else '[0'}, 1e4), got {value!r}")
         return float(value)
 
-    def calls_table(key: str) -> tuple[dict[str, float], float]:
-        """executor.KEY: call counts by op name, and its `default` (1 where absent)."""
+    def table(key: str, default: float, low: float = 1e-9) -> tuple[dict[str, float], float]:
+        """executor.KEY: counts by op name (calls: more than 0; saves: 0 or more), and its
+        `default` (`default` where absent)."""
         raw = executor.get(key) or {}
         if not isinstance(raw, dict):
-            raise HardwareError(f"{path}: executor.{key} must map op names to call counts")
-        return ({str(k): count(v, f"executor.{key}.{k}") for k, v in raw.items()
-                 if k != "default"}, count(raw.get("default", 1.0), f"executor.{key}.default"))
+            raise HardwareError(f"{path}: executor.{key} must map op names to counts")
+        return ({str(k): count(v, f"executor.{key}.{k}", low) for k, v in raw.items()
+                 if k != "default"},
+                count(raw.get("default", default), f"executor.{key}.default", low))
 
-    calls, calls_default = calls_table("calls_per_op")
-    counted, counted_default = calls_table("counted_calls")
+    calls, calls_default = table("calls_per_op", 1.0)
+    counted, counted_default = table("counted_calls", 1.0)
+    saves, saves_default = table("saves_per_op", 0.0, low=0.0)
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),
@@ -208,6 +224,8 @@ def read_host_model(path: Path) -> HostModel:
                      record_call_us=us(executor.get("record_call_us", 0.0),
                                        "executor.record_call_us"),
                      pack_us=us(executor.get("pack_us", 0.0), "executor.pack_us"),
+                     save_us=us(executor.get("save_us", 0.0), "executor.save_us"),
+                     saves_per_op=saves, saves_default=saves_default,
                      record_callback_us=us(executor.get("record_callback_us", 0.0),
                                            "executor.record_callback_us"),
                      calls_per_op=calls, calls_default=calls_default,

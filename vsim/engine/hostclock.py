@@ -20,8 +20,9 @@ for prefetches and offloads at it, after it for the rest), a forward op some Rec
 is recorded after it runs at `record_call_us` (and, under the native tracker, its call back into
 Python at `record_callback_us`) per aten call, as is an in-place update of what a recorded
 call touched up to the last recomputation (noted_ops), the executor's saved-tensor hooks
-cost `pack_us` per forward op they are on for (every one, or those with a save the plan acts
-on: `model.hooks`, hooked_ops), and a recomputed op is replayed at `recompute_call_us` per aten
+cost `HostModel.hooks_us` per forward op they are on for (`save_us` per tensor it saves, or
+`pack_us` per op; every forward op, or those with a save the plan acts on: `model.hooks`,
+hooked_ops), and a recomputed op is replayed at `recompute_call_us` per aten
 call instead of PyTorch's forward cost; an op's calls are
 `HostModel.calls(op)` (by op name, from the runtime's op maps).
 These accumulate on top of the bounded issue times, hidden while the host's lead lasts. An ideal
@@ -90,7 +91,7 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op,
     elif oid in noted:
         after += model.record_call_us + model.record_callback_us
     if op.phase == "fwd" and (hooked is None or oid in hooked):
-        before += model.pack_us  # the saved-tensor hooks on what the op saves for backward
+        before += model.hooks_us(op)  # the saved-tensor hooks on what the op saves for backward
     return before, after
 
 
