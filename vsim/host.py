@@ -199,7 +199,7 @@ def read_host_model(path: Path) -> HostModel:
                                 f"{'(0' if low else '[0'}, 1e4), got {value!r}")
         return float(value)
 
-    def table(key: str, default: float, low: float = 1e-9) -> tuple[dict[str, float], float]:
+    def counts(key: str, default: float, low: float = 1e-9) -> tuple[dict[str, float], float]:
         """executor.KEY: counts by op name (calls: more than 0; saves: 0 or more), and its
         `default` (`default` where absent)."""
         raw = executor.get(key) or {}
@@ -209,9 +209,9 @@ def read_host_model(path: Path) -> HostModel:
                  if k != "default"},
                 count(raw.get("default", default), f"executor.{key}.default", low))
 
-    calls, calls_default = table("calls_per_op", 1.0)
-    counted, counted_default = table("counted_calls", 1.0)
-    saves, saves_default = table("saves_per_op", 0.0, low=0.0)
+    calls, calls_default = counts("calls_per_op", 1.0)
+    counted, counted_default = counts("counted_calls", 1.0)
+    saves, saves_default = counts("saves_per_op", 0.0, low=0.0)
     return HostModel(name=str(doc.get("name", path.stem)), by_name=by_name, by_phase=by_phase,
                      per_weight_us=us(doc.get("per_weight_us", 0.0), "per_weight_us"),
                      allocator=allocator, provenance=dict(doc.get("provenance") or {}),
