@@ -28,7 +28,8 @@ from vsim.host import HostModel
 from vsim.validate import Case, load_cases, relative_error
 
 TIME_FIELDS = ("per_weight_us", "tracker_us_per_op", "copy_us", "free_us", "recompute_call_us",
-               "record_call_us", "pack_us", "record_callback_us", "native_us_per_call")
+               "record_call_us", "pack_us", "save_us", "record_callback_us",
+               "native_us_per_call")
 
 
 def scaled(host: HostModel, s: float) -> HostModel:
