@@ -35,6 +35,10 @@ MODELS = {  # model: (batch, family)
     "squeezenet1_1": (128, "plain-cnn"), "vgg11_bn": (64, "plain-cnn"),
     "convnext_tiny": (64, "convnext"), "vit_b_16": (32, "vision-transformer"),
     "swin_t": (32, "vision-transformer"),
+    # added 2026-11-27 (fourteenth session), recorded and measured after every fit of the host
+    # and executor models: held out by construction (validation/README.md)
+    "mnasnet1_0": (128, "mobile"), "inception_v3": (64, "inception"),
+    "densenet201": (32, "densenet"), "maxvit_t": (32, "vision-transformer"),
 }
 # Hugging Face models recorded in bf16 autocast with AdamW (traces/record-hf.sh): model ->
 # (batch, seq, family). No vdnn:mode=conv (no convolutions); one case per policy per model.
@@ -88,6 +92,10 @@ def corpus_cases() -> list[dict]:
     k = 0
     for i, (model, (batch, family)) in enumerate(MODELS.items()):
         trace_path = f"traces/{model}-b{batch}-h100.vsim.json.gz"
+        if not (ROOT / trace_path).exists():
+            print(f"{model}: no trace {trace_path} yet (vsim record {model} --batch {batch} "
+                  f"--device cuda --warmup 3 --iters 10 -o {trace_path})", file=sys.stderr)
+            continue
         base = {"model": model, "batch": batch, "trace": trace_path, "family": family}
         got, k = _model_cases(f"{model}-b{batch}", trace_path, base, POLICIES, PER_CAP,
                               3 * i, k)
