@@ -52,7 +52,7 @@ from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import planning
 from .base import register
-from .fitted import Attempt, FittedPolicy, Judge, collector_paused, fit_with_notes
+from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes, planning_view
 from .layers import TraceView
 from .planning import Usage, alive_in_trace, anchor_prefetches, rebuild_chain
 
@@ -691,12 +691,12 @@ class Checkpointing(FittedPolicy):
         one of its candidates fits, and is never slower than the fastest that does."""
         if self.strategy != "optimal":
             return super().plan_with(trace, hw, capacity_bytes, run_plan)
-        with collector_paused():
-            return self._optimal_with(trace, hw, capacity_bytes, run_plan)
+        with planning_view(trace) as view:
+            return self._optimal_with(view, hw, capacity_bytes, run_plan)
 
-    def _optimal_with(self, trace: Trace, hw: Hardware, capacity_bytes: int,
+    def _optimal_with(self, view: TraceView, hw: Hardware, capacity_bytes: int,
                       run_plan: RunPlan) -> Plan:
-        view = TraceView(trace)
+        trace = view.trace
         judge = Judge(run_plan, trace, hw, capacity_bytes)
 
         def builder(pol: Checkpointing) -> PlanBuilder:
