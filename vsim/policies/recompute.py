@@ -164,7 +164,7 @@ class Segmenter:
         slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
         by_layer = np.argsort(slot_layer, kind="stable")  # per forward layer, its slots
         cut = np.searchsorted(slot_layer[by_layer], np.arange(len(view.fwd) + 1))
-        layer_slots = [by_layer[cut[i]:cut[i + 1]] for i in range(len(view.fwd))]
+        layer_slots = by_layer, cut  # layer i's slots: by_layer[cut[i]:cut[i + 1]]
         # saved maps by producing layer (layer i's from map_off[i]): id, alloc, free, bytes, drop
         ms = [t for ts in produced for t in ts]
         map_off = np.concatenate([[0], np.cumsum([len(ts) for ts in produced])])
@@ -408,7 +408,8 @@ class Segmenter:
             by = np.concatenate([by, -size[dropped], size[dropped]])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
-        idx = np.concatenate([self.layer_slots[i] for i in layers])
+        by_layer, cut = self.layer_slots  # (the layers' slots are contiguous there)
+        idx = by_layer[cut[layers.start]:cut[layers.stop]]
         idx = idx[(idx >= lo) & (idx < hi)]
         idx = np.sort(idx if rc is None or rc in idx else np.append(idx, rc))
         order = np.argsort(at, kind="stable")
