@@ -142,6 +142,47 @@ def test_a_fresh_host_clock_shares_issue_times_not_what_a_plan_added() -> None:
     assert clock.extra_us == 5.0
 
 
+def _issue_the_long_way(trace: Any, model: Any, index: Any) -> dict[int, float]:
+    """HostClock's issue times of a tracked run as its loop once computed them: the model's
+    time and executor_us for every op."""
+    from vsim.engine.hostclock import executor_us, hooked_ops, noted_ops
+    noted = noted_ops(trace, index)
+    hooked = hooked_ops(trace, index) if model.hooks == "armed" else None
+    bounded = trace.meta.get("source") == "measured"
+    clock = runtime = 0.0
+    out = {}
+    for op in trace.ops:
+        clock += model.op_us(op)
+        if bounded and op.start_us < clock:
+            clock = op.start_us
+        before, after = executor_us(model, index, op, noted, hooked)
+        runtime += model.tracker_us_per_op + before
+        if model.native_us_per_call:
+            runtime += model.native_us_per_call * model.counted(op)
+        out[op.id] = clock + runtime
+        runtime += after
+    return out
+
+
+@pytest.mark.parametrize("spec", ["recompute:strategy=sqrt", "vdnn:mode=all"])
+@pytest.mark.parametrize("hooks", ["armed", "always"])
+def test_the_host_clock_charges_what_executor_us_charges_per_op(
+        resnet50: tuple[Any, int], spec: str, hooks: str) -> None:
+    """The clock precomputes the model's per-op times and asks executor_us only for the ops
+    it may charge: the same issue times as asking for every op."""
+    import dataclasses
+
+    from vsim.plan import PlanIndex
+    trace, peak = resnet50
+    model = load_host_model(HW.name)
+    assert model is not None
+    model = dataclasses.replace(model, hooks=hooks, tracker_us_per_op=0.5)
+    plan = make_policy(spec).plan(trace, HW, peak // 2)
+    assert plan.actions
+    index = PlanIndex(plan)
+    assert HostClock(trace, model, True, index).issue == _issue_the_long_way(trace, model, index)
+
+
 def test_the_dps_rows_derived_for_more_workspaces_away_are_those_built_afresh(
         resnet50: tuple[Any, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """recompute optimal's workspace rounds and profiling loop cost again only the segments a

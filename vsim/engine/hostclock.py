@@ -34,6 +34,7 @@ from __future__ import annotations
 from ..host import HostModel
 from ..plan import PlanIndex
 from ..trace.schema import Op, Trace
+from .prep import trace_prep
 
 
 def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
@@ -95,30 +96,60 @@ def executor_us(model: HostModel, index: PlanIndex | None, op: Op,
     return before, after
 
 
+def _model_clock(trace: Trace, model: HostModel) -> tuple[list[float], list[float]]:
+    """Per op in trace order, the model's bounded issue time without the executor's costs, and
+    the aten calls the native tracker counts: the same for every plan, so computed once per
+    trace and model tables (every profiling run builds a clock; this pass was most of it)."""
+    tables = trace_prep(trace).host_tables
+    key = (id(model.by_name), id(model.by_phase), id(model.counted_calls), model.counted_default)
+    got = tables.get(key)
+    if got is None or got[0] is not model.by_name or got[1] is not model.by_phase \
+            or got[2] is not model.counted_calls:
+        bounded = trace.meta.get("source") == "measured"
+        clocks, counted = [], []
+        clock = 0.0
+        for op in trace.ops:
+            clock += model.op_us(op)
+            if bounded and op.start_us < clock:
+                clock = op.start_us
+            clocks.append(clock)
+            counted.append(model.counted(op))
+        got = tables[key] = (model.by_name, model.by_phase, model.counted_calls, clocks, counted)
+    return got[3], got[4]
+
+
 class HostClock:
     def __init__(self, trace: Trace, model: HostModel, tracked: bool = False,
                  index: PlanIndex | None = None) -> None:
         self.model = model
         self.alloc = model.allocator
         self.tracked = tracked
-        bounded = trace.meta.get("source") == "measured"
         self.issue: dict[int, float] = {}
-        clock = 0.0
+        clocks, counted = _model_clock(trace, model)
         per_op = model.tracker_us_per_op if tracked else 0.0
         per_call = model.native_us_per_call if tracked else 0.0
         runtime = 0.0  # vsim's runtime's own host time so far (tracked)
-        noted = noted_ops(trace, index) if tracked and index is not None else frozenset()
-        hooked = (hooked_ops(trace, index) if tracked and index is not None and
+        acting = index if tracked else None
+        noted = noted_ops(trace, acting) if acting is not None else frozenset()
+        hooked = (hooked_ops(trace, acting) if acting is not None and
                   model.hooks == "armed" else None)
-        for op in trace.ops:
-            clock += model.op_us(op)
-            if bounded and op.start_us < clock:
-                clock = op.start_us
-            before, after = executor_us(model, index if tracked else None, op, noted, hooked)
+        # The ops executor_us may charge: every other one costs (0.0, 0.0), asked without the
+        # call (most ops of most plans)
+        charged: set[int] | None = set()
+        if acting is not None:
+            charged = {*acting.prefetch_at, *acting.offload_at, *acting.offload_after,
+                       *acting.release_after, *acting.drop_after, *acting.recomputed_ops,
+                       *noted, *(hooked or ())} if hooked is not None else None
+        issue = self.issue
+        for op, clock, calls in zip(trace.ops, clocks, counted, strict=True):
+            if charged is None or op.id in charged:
+                before, after = executor_us(model, acting, op, noted, hooked)
+            else:
+                before = after = 0.0
             runtime += per_op + before
             if per_call:
-                runtime += per_call * model.counted(op)
-            self.issue[op.id] = clock + runtime
+                runtime += per_call * calls
+            issue[op.id] = clock + runtime
             runtime += after
         self.unscaled = self.issue  # the issue times at the host's usual speed
         self.extra_us = 0.0  # host time the plan added so far

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 from ..allocator.first_use import first_use_residents
 from ..trace.schema import Op, Tensor, Trace
@@ -61,6 +62,8 @@ class TracePrep:
         self.waited: tuple[int, ...] = tuple(waited)
         self._first_use: dict[int, list[int]] | None = None
         self._dgrad: dict[int, int] | None = None
+        # the host clock's per-op times, per host model's tables (hostclock._model_clock)
+        self.host_tables: dict[tuple[int, int, int, float], tuple[Any, ...]] = {}
 
     def dgrad_workspaces(self) -> dict[int, int]:
         """Per backward convolution with a workspace, its forward convolution's workspace bytes

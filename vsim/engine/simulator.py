@@ -263,7 +263,13 @@ class Engine:
         """Create, as the op launches, the resident tensors placed at it (first_use) and any
         it reads that no op has created yet. False when out of memory."""
         placed = self.first_use.pop(op.id, ())
-        for t in [*placed, *(t for t in op.reads if t not in placed)]:
+        # (membership in a set: the first optimizer op places every optimizer state and reads
+        # as many tensors, quadratic in a list, 3% of a profiling run on resnet152)
+        also: Sequence[int] = op.reads
+        if placed:
+            gone = set(placed)
+            also = [t for t in op.reads if t not in gone]
+        for t in [*placed, *also]:
             if t in self.awaiting:
                 self.awaiting.discard(t)
                 if not self._alloc(t, op.id):

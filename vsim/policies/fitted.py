@@ -41,6 +41,21 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def planning_view(trace: Trace) -> Iterator[TraceView]:
+    """A TraceView for one planning, with the collector paused (collector_paused). At the end
+    its memos are dropped: they hold Segmenters and tables that point back at the view, cycles
+    that only the collector frees, and its first pass after the planning then traversed all of
+    them (0.25 s of recompute optimal's 4 s on resnet152 at 0.3 of its peak). Cleared, they go
+    by reference counting. The plan is the same."""
+    view = TraceView(trace)
+    with collector_paused():
+        try:
+            yield view
+        finally:
+            view.memo.clear()
+
+
 def check(run_plan: RunPlan, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int
           ) -> dict[str, Any]:
     """One simulated iteration of `plan` as the run it is planned for will simulate it (a
@@ -394,9 +409,8 @@ class FittedPolicy(Policy):
 
     def plan_with(self, trace: Trace, hw: Hardware, capacity_bytes: int,
                   run_plan: RunPlan) -> Plan:
-        view = TraceView(trace)
         algo = str(getattr(self, "algo"))  # noqa: B009  (a field of every subclass)
-        with collector_paused():
+        with planning_view(trace) as view:
             return fit_with_notes(run_plan, trace, hw, capacity_bytes, lambda budget, forced:
                                   anchor_prefetches(view, self.plan_for(
                                       Attempt(trace, hw, view, budget, forced, algo))))

@@ -356,7 +356,8 @@ def stale_inputs(view: TraceView, chain: Iterable[int],
                 f = first.get(t)
                 if f is None or p < f:
                     first[t] = p
-    return {t for t in updated if any(pos[u] >= first[t] for u in view.updates(t))}
+    # (view.updates(t) is in trace order: some update at or after the first read iff the last)
+    return {t for t in updated if pos[has_updates[t][-1]] >= first[t]}
 
 
 def inseparable(view: TraceView) -> frozenset[int]:

@@ -52,7 +52,7 @@ from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import planning
 from .base import register
-from .fitted import Attempt, FittedPolicy, Judge, collector_paused, fit_with_notes
+from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes, planning_view
 from .layers import TraceView
 from .planning import Usage, alive_in_trace, anchor_prefetches, rebuild_chain
 
@@ -164,7 +164,7 @@ class Segmenter:
         slot_layer = np.repeat(np.array(owner, dtype=np.int64), 2)
         by_layer = np.argsort(slot_layer, kind="stable")  # per forward layer, its slots
         cut = np.searchsorted(slot_layer[by_layer], np.arange(len(view.fwd) + 1))
-        layer_slots = [by_layer[cut[i]:cut[i + 1]] for i in range(len(view.fwd))]
+        layer_slots = by_layer, cut  # layer i's slots: by_layer[cut[i]:cut[i + 1]]
         # saved maps by producing layer (layer i's from map_off[i]): id, alloc, free, bytes, drop
         ms = [t for ts in produced for t in ts]
         map_off = np.concatenate([[0], np.cumsum([len(ts) for ts in produced])])
@@ -408,7 +408,8 @@ class Segmenter:
             by = np.concatenate([by, -size[dropped], size[dropped]])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
-        idx = np.concatenate([self.layer_slots[i] for i in layers])
+        by_layer, cut = self.layer_slots  # (the layers' slots are contiguous there)
+        idx = by_layer[cut[layers.start]:cut[layers.stop]]
         idx = idx[(idx >= lo) & (idx < hi)]
         idx = np.sort(idx if rc is None or rc in idx else np.append(idx, rc))
         order = np.argsort(at, kind="stable")
@@ -473,8 +474,12 @@ class Segmenter:
                 rows = [(b, [self._row_entry(a, b, base) for a in cuts])
                         for b, cuts in self._segments()]
             got = self._rows[id(base)] = (base, rows)
+            # Every one built is kept (each Segmenter, memoised on the view, holds its rows
+            # anyway): the nearest is often not among the last few. The ladder's rungs repeat
+            # the workspace rounds of the rung before with a few convolutions apart; derived
+            # from the last four, a round costed 1,000-3,500 of resnet152's 3,757 segments
+            # again, from the nearest of all mostly 200-400.
             built.append((self, base, rows))
-            del built[:-4]  # (the most recent few: a profiling loop's forced sets only grow)
         return got[1]
 
     def _changed_ops(self, other: Segmenter) -> set[int]:
@@ -514,19 +519,23 @@ class Segmenter:
         for slot, layer in zip(moved.tolist(), self.slot_layer[moved].tolist(), strict=True):
             hit |= ((first <= layer) & (layer <= last) & (lo <= slot) & (slot < hi)) \
                 | (rc == slot)
-        rechained = [not changed.isdisjoint(self._shape(a, b).chain) for a, b in keys]
+        chains = self._entries_by_op()
+        again = np.zeros(len(keys), dtype=bool)
+        for o in changed:
+            if o in chains:
+                again[chains[o]] = True
+        rechained = again.tolist()
         # Per entry, its recomputation's transient bytes: the other's, but where the chain
         # changed (only those recompute a changed op, the same ops at the same costs else)
         theirs = other._cache  # noqa: SLF001
         trans = other._transients().copy()  # noqa: SLF001
-        for i, again in enumerate(rechained):
-            if again:
-                trans[i] = self.cost(*keys[i]).transient_bytes
+        for i in np.flatnonzero(again).tolist():
+            trans[i] = self.cost(*keys[i]).transient_bytes
         self._trans = trans
         # The own peaks of the entries costed again, at once (own_peak's sums, as arrays):
         # their own maps plus the base over their slots, the transient bytes added at the
         # recomputation's slot
-        redo = np.flatnonzero(hit | np.array(rechained, dtype=bool)).tolist()
+        redo = np.flatnonzero(hit | again).tolist()
         peaks: dict[int, int] = {}
         if redo:
             parts = [self._own_profile(*keys[i]) for i in redo]
@@ -571,6 +580,20 @@ class Segmenter:
                                                   for a in starts]
         keys: list[tuple[int, int]] = got
         return keys
+
+    def _entries_by_op(self) -> dict[int, np.ndarray]:
+        """Per op, the DP segments (indices in _entry_keys' order) whose recomputation chain
+        runs it: those a change of the op's algorithm costs again (memoised on the view)."""
+        got = self.view.memo.get("entries by op")
+        if got is None:
+            by_op: dict[int, list[int]] = {}
+            for i, (a, b) in enumerate(self._entry_keys()):
+                for o in self._shape(a, b).chain:
+                    by_op.setdefault(o, []).append(i)
+            got = self.view.memo["entries by op"] = {
+                o: np.array(ix, dtype=np.int64) for o, ix in by_op.items()}
+        entries: dict[int, np.ndarray] = got
+        return entries
 
     def _transients(self) -> np.ndarray:
         """Per DP segment (_entry_keys' order), its recomputation's transient bytes under these
@@ -691,12 +714,12 @@ class Checkpointing(FittedPolicy):
         one of its candidates fits, and is never slower than the fastest that does."""
         if self.strategy != "optimal":
             return super().plan_with(trace, hw, capacity_bytes, run_plan)
-        with collector_paused():
-            return self._optimal_with(trace, hw, capacity_bytes, run_plan)
+        with planning_view(trace) as view:
+            return self._optimal_with(view, hw, capacity_bytes, run_plan)
 
-    def _optimal_with(self, trace: Trace, hw: Hardware, capacity_bytes: int,
+    def _optimal_with(self, view: TraceView, hw: Hardware, capacity_bytes: int,
                       run_plan: RunPlan) -> Plan:
-        view = TraceView(trace)
+        trace = view.trace
         judge = Judge(run_plan, trace, hw, capacity_bytes)
 
         def builder(pol: Checkpointing) -> PlanBuilder:
