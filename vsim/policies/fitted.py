@@ -127,9 +127,11 @@ class Judge:
 
 
 def fit_with_notes(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
-                   build: PlanBuilder, tries: int = 8, escalate: bool = True) -> Plan:
+                   build: PlanBuilder, tries: int = 8, escalate: bool = True,
+                   evicts_by_budget: bool = True) -> Plan:
     """fit_by_profiling's plan with the profiling notes after the plan's own."""
-    plan, notes = fit_by_profiling(run_plan, trace, hw, capacity_bytes, build, tries, escalate)
+    plan, notes = fit_by_profiling(run_plan, trace, hw, capacity_bytes, build, tries, escalate,
+                                   evicts_by_budget)
     return dataclasses.replace(plan, notes=(*plan.notes, *notes))
 
 
@@ -145,8 +147,8 @@ peak between 2.05 and 2.53 GiB of 8.3)."""
 
 
 def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capacity_bytes: int,
-                     build: PlanBuilder, tries: int = 8, escalate: bool = True
-                     ) -> tuple[Plan, list[str]]:
+                     build: PlanBuilder, tries: int = 8, escalate: bool = True,
+                     evicts_by_budget: bool = True) -> tuple[Plan, list[str]]:
     """Plan for a budget, run it once, and when the run does not fit, plan again: if what could
     not be allocated is a convolution's workspace, or the run stopped at a convolution that
     would allocate one, with that convolution also run without workspace (`build`'s second
@@ -164,6 +166,9 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     budget down a ladder below the lowest of them that fits whole; then the search of the
     escalation on whole runs (ESCALATION_LADDER budgets); if nothing fits there either, the
     policy cannot fit by its own rules and the first plan is returned with a note saying so.
+    `evicts_by_budget` False: a builder whose budget changes only which convolutions run
+    without workspace (a fixed recomputation schedule), so that the plan for budget 0 holds
+    the least memory of all: when it does not pass its screening, no budget is tried above it.
     Every run is judged as the run the plan is for will be (`check`). Deterministic. Returns
     the plan and notes."""
     judge = run_plan if isinstance(run_plan, Judge) else \
@@ -207,11 +212,14 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     # the fastest goes on to a whole run (the highest budget is not always the fastest:
     # vDNN++'s prefetches); the whole run of a screening goes on from where it stopped.
     most: list[dict[str, Any]] = []  # the report of the plan with the most eviction
-    found = _escalate(judge.screen, build, forced, top, SCREENED_LADDER, most)
+    found = _escalate(judge.screen, build, forced, top,
+                      SCREENED_LADDER if evicts_by_budget else 0, most)
     if found is None:  # no plan passes even its screening: none fits (out of memory is final)
         between = (f"those for {SCREENED_LADDER} budgets between it and {format_size(top)}"
-                   if top > SCREENED_LADDER else f"any between it and {format_size(top)} "
-                   "(none left to try)")
+                   if top > SCREENED_LADDER and evicts_by_budget else
+                   "any plan for a higher budget, which holds the same tensors and more "
+                   "workspace" if not evicts_by_budget else
+                   f"any between it and {format_size(top)} (none left to try)")
         return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
                        f"neither its plan with the most eviction (planned for 0 B; "
                        f"{_why_not(most[0])}) nor {between} fit ({judge.runs} profiling "

@@ -820,7 +820,9 @@ class Checkpointing(FittedPolicy):
                         or judge.time_if_fits(plan) is not None or \
                         (escalate and b is cands[0][1]):
                     continue
-                fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate)
+                # sqrt's and every-k's budget moves only workspaces (the DP escalates below)
+                fitted = fit_with_notes(judge, trace, hw, capacity_bytes, b, escalate=escalate,
+                                        evicts_by_budget=False)
                 us = judge.time_if_fits(fitted)
                 if us is not None and (best is None or us < best[0]):
                     best = (us, what, fitted)
