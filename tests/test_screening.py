@@ -132,6 +132,21 @@ def test_the_escalation_says_so_when_nothing_passes_even_its_screening() -> None
     assert plan.actions[0].op == 1000 and "cannot fit" in notes[0]
 
 
+def test_a_schedule_whose_budget_moves_only_workspaces_stops_at_budget_0() -> None:
+    """sqrt's and every-k's plans (recompute optimal's candidates) evict the same at every
+    budget: when the plan for budget 0 fails its screening, no budget above it is tried."""
+    trace = load_trace(TRACES / "alexnet-b128-h100.vsim.json.gz")
+    land = Landscape(fits_to=-1, late_to=-1)  # budget 0 fails its screening
+    plan, notes = fit_by_profiling(land, trace, HW, 1000, _build, tries=2,
+                                   evicts_by_budget=False)
+    assert plan.actions[0].op == 1000 and "cannot fit" in notes[0]
+    assert "holds the same tensors and more workspace" in notes[0]
+    assert land.screened == [0]
+    land = Landscape(fits_to=-1, late_to=-1)
+    fit_by_profiling(land, trace, HW, 1000, _build, tries=2)  # a policy that evicts by budget
+    assert len(set(land.screened)) > 1
+
+
 def test_the_escalation_searches_whole_runs_when_every_screened_plan_fails_later() -> None:
     # Everything up to 700 passes its screening and then runs out of memory: the screened
     # rounds find nothing, and the search on whole runs says that the policy cannot fit.
