@@ -215,11 +215,13 @@ def fit_by_profiling(run_plan: RunPlan | Judge, trace: Trace, hw: Hardware, capa
     found = _escalate(judge.screen, build, forced, top,
                       SCREENED_LADDER if evicts_by_budget else 0, most)
     if found is None:  # no plan passes even its screening: none fits (out of memory is final)
-        between = (f"those for {SCREENED_LADDER} budgets between it and {format_size(top)}"
-                   if top > SCREENED_LADDER and evicts_by_budget else
-                   "any plan for a higher budget, which holds the same tensors and more "
-                   "workspace" if not evicts_by_budget else
-                   f"any between it and {format_size(top)} (none left to try)")
+        if not evicts_by_budget:
+            between = ("any plan for a higher budget, which holds the same tensors and more "
+                       "workspace")
+        elif top > SCREENED_LADDER:
+            between = f"those for {SCREENED_LADDER} budgets between it and {format_size(top)}"
+        else:
+            between = f"any between it and {format_size(top)} (none left to try)"
         return first, [f"cannot fit {format_size(capacity_bytes)} by its own rules: "
                        f"neither its plan with the most eviction (planned for 0 B; "
                        f"{_why_not(most[0])}) nor {between} fit ({judge.runs} profiling "
