@@ -200,6 +200,28 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
     assert got["executed"]["packs"] < ref["executed"]["packs"]
 
 
+@pytest.mark.parametrize("policy", ["superneurons", "layrub"])
+def test_saved_tensors_from_their_frames_act_as_from_the_hooks(cnn, monkeypatch,
+                                                               policy: str) -> None:
+    """VSIM_NATIVE_SAVED=frames: a tensor the plan acts on that its counted call does not
+    return (max pooling's indices here) comes from the frame of its own call, not from the
+    saved-tensor hooks: none armed, the same actions, gradients bitwise equal."""
+    trace, s = cnn
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    ref = s.run(policy, cap, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_SAVED", "frames")
+    got = s.run(policy, cap, iters=2, warmup=1)
+    for run in (ref, got):
+        assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
+    assert got["executed"]["native_saved"] == "frames"
+    assert ref["executed"]["packs"] > 0 and got["executed"]["packs"] == 0
+    assert got["check"]["bitwise_equal"], got["check"]
+    for key in ("d2h_bytes", "h2d_bytes"):
+        assert got[key] == ref[key]
+    assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"]
+
+
 @pytest.mark.parametrize("policy", ["layrub", "recompute:strategy=sqrt"])
 def test_the_fast_counter_counts_and_acts_as_the_boxed_one(cnn, monkeypatch, policy: str) -> None:
     """VSIM_NATIVE_COUNTER=fast (the common operators' calls counted by unboxed kernels, the

@@ -130,6 +130,10 @@ class NativeRuns:
         # calls counted by unboxed kernels ("fast", counter.cpp's Fast; opt-in until the host
         # model charges it and the runs it moves are measured)
         self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("boxed", "fast"))
+        # a saved tensor the plan acts on that its counted call does not return (batch norm's
+        # saved statistics): taken where autograd saves it ("hooks"), or from the frame of
+        # its own call ("frames", opt-in until measured against the hooks on the GPU)
+        self.native_saved = _choice("VSIM_NATIVE_SAVED", ("hooks", "frames"))
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -213,7 +217,8 @@ class NativeRuns:
                               f"aten calls, the map has {self.map.n_calls}")
             return
         try:
-            self._cal[key] = (cal, nativemod.targets(cal, self.boundary_calls(), self.watch))
+            self._cal[key] = (cal, nativemod.targets(cal, self.boundary_calls(), self.watch,
+                                                     self.native_saved == "frames"))
         except nativemod.Unsafe as exc:
             self._cal[key] = f"native tracker not used: {exc}"
 

@@ -185,8 +185,8 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "tracker_note": ex.tracker_note,
             # the native tracker's saved-tensor hooks (vsim.runtime.nativerun): runs before
             # 2026-11-27T08:30 have no such key and ran them "always"
-            **({"native_hooks": ex.native_hooks, "native_counter": ex.native_counter}
-               if stats.tracker == "native" else {}),
+            **({"native_hooks": ex.native_hooks, "native_counter": ex.native_counter,
+                "native_saved": ex.native_saved} if stats.tracker == "native" else {}),
             # the recomputation's replay: run by its compiled programs in C++, or in Python
             "replay": (None if not ex.recompute_before else
                        "compiled" if stats.tracker == "native" and ex._programs else "python"),

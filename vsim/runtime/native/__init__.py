@@ -225,7 +225,7 @@ def _next_counted(cal: Calibration, k: int) -> int | None:
 
 
 def targets(cal: Calibration, boundary_calls: list[int],
-            watch: dict[int, list[tuple[int, int]]]) -> Targets:
+            watch: dict[int, list[tuple[int, int]]], frames_first: bool = False) -> Targets:
     """Callbacks for the op boundaries at Python calls `boundary_calls` (the executor acts
     before them) and for the trace tensors among the outputs of the calls in `watch`.
 
@@ -234,7 +234,9 @@ def targets(cal: Calibration, boundary_calls: list[int],
     boundary at a call outside every counted call is placed before the next counted call when
     the calls from k to it are views (`_next_counted`), else where the last counted call
     returned, exact when the calls between are views. The tensors of a watched call are taken
-    from its counted call's outputs, by storage. Unsafe otherwise."""
+    from its counted call's outputs, by storage; one the counted call does not return, where
+    autograd saves it (the saved-tensor hooks, on around that call), else from its own call's
+    frame (`frames_first`: the frame first, the hooks where there is none). Unsafe otherwise."""
     from bisect import bisect_left
 
     flags = bytearray(cal.total)
@@ -297,9 +299,13 @@ def targets(cal: Calibration, boundary_calls: list[int],
                 out.expect[c] = cal.names[c]
                 continue
             # not returned by the counted call (max pooling's indices, batch norm's saved
-            # statistics): where autograd saves it while that call still runs
+            # statistics): where autograd saves it while that call still runs, or from the
+            # frame of its own call, which returns it (one call back into Python with the
+            # frame's outputs, where the hooks put every save of the call through Python)
             at = saved.get((cal.before[k], ptr))
-            if at is not None:
+            if frames_first and _own_frame(cal, k) is not None:
+                watched.setdefault(k, []).append((jk, t))
+            elif at is not None:
                 out.packs[at] = t
                 if cal.before[k] > 0:
                     flags[cal.before[k] - 1] |= 8
