@@ -2,8 +2,9 @@
 measured run with the hooks armed (`executed.native_hooks: armed`), the forward ops the model
 charges the hooks on (vsim.engine.hostclock.hooked_ops of the plan `vsim validate` makes for it)
 against the saves that went through the hooks (`executed.packs`). Prints one line per run and
-the median saves per hooked op (the model charges `pack_us` per hooked op, set as 2.2 saves of
-6.4 us: validation/host/waits/). Writes nothing.
+the median saves per hooked op (6.88 on 2026-11-27, where the model charged 2.2 saves of 6.4 us
+per hooked op: validation/host/waits/ section 7; it now charges each op's saves by name,
+validation/host/fit_saves.py). Writes nothing.
 
     PYTHONPATH=tools python tools/hooked_saves_check.py
 """
