@@ -106,11 +106,21 @@ def cnn():
     return trace, Session("tiny-cnn", 4, trace, device="cpu", warmup=1)
 
 
+def _cap(trace) -> int:
+    """A capacity that binds: the residents and 0.6 of what the iteration adds to them."""
+    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
+    return int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+
+
+def _native(*runs: dict) -> None:
+    for run in runs:
+        assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
+
+
 @pytest.mark.parametrize("policy", ["vdnn:mode=all", "layrub"])
 def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
     trace, s = cnn
-    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
-    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    cap = _cap(trace)
     got = s.run(policy, cap, iters=2, warmup=1)
     ref = s.run(policy, cap, iters=2, warmup=1, tracker="python")
     assert got["executed"]["tracker"] == "native", got["executed"]["tracker_note"]
@@ -183,14 +193,12 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
     none); gradients, the bytes moved and the recomputed calls stay those of the tracker before
     (the hooks on throughout)."""
     trace, s = cnn
-    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
-    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    cap = _cap(trace)
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "always")
     ref = s.run(policy, cap, iters=2, warmup=1)
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "armed")
     got = s.run(policy, cap, iters=2, warmup=1)
-    for run in (ref, got):
-        assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
+    _native(ref, got)
     assert got["executed"]["native_hooks"] == "armed"
     assert got["check"]["bitwise_equal"], got["check"]
     assert got["d2h_bytes"] == ref["d2h_bytes"]
@@ -207,13 +215,11 @@ def test_saved_tensors_from_their_frames_act_as_from_the_hooks(cnn, monkeypatch,
     return (max pooling's indices here) comes from the frame of its own call, not from the
     saved-tensor hooks: none armed, the same actions, gradients bitwise equal."""
     trace, s = cnn
-    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
-    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    cap = _cap(trace)
     ref = s.run(policy, cap, iters=2, warmup=1)
     monkeypatch.setenv("VSIM_NATIVE_SAVED", "frames")
     got = s.run(policy, cap, iters=2, warmup=1)
-    for run in (ref, got):
-        assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
+    _native(ref, got)
     assert got["executed"]["native_saved"] == "frames"
     assert ref["executed"]["packs"] > 0 and got["executed"]["packs"] == 0
     assert got["check"]["bitwise_equal"], got["check"]
@@ -230,8 +236,7 @@ def test_the_fast_counter_counts_and_acts_as_the_boxed_one(cnn, monkeypatch, pol
     from vsim.runtime import native
 
     trace, s = cnn
-    resident = sum(t.size_bytes for t in trace.tensors if t.producer is None)
-    cap = int(resident + 0.6 * (trace.measured.peak_allocated_bytes - resident))
+    cap = _cap(trace)
     ref = s.run(policy, cap, iters=2, warmup=1)
     boxed = native.actions().count()
     monkeypatch.setenv("VSIM_NATIVE_COUNTER", "fast")
