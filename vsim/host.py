@@ -75,9 +75,10 @@ class HostModel:
     # Outside the executor's timers (fit_executor.py, `unseen`): its saved-tensor hooks, per
     # forward op they are on for (`hooks`: "always", every forward op, the native tracker
     # before 2026-11-27T08:30; "armed", the forward ops with a save the plan acts on,
-    # hostclock.hooked_ops); under the native tracker, the call back into Python with a
-    # recorded call's arguments and outputs, per recorded aten call (the Python tracker's own
-    # cost per op, tracker_us_per_op, includes both)
+    # hostclock.hooked_ops; "frames", those ops' saves taken from their frames instead);
+    # under the native tracker, the call back into Python with a recorded call's arguments
+    # and outputs, per recorded aten call (the Python tracker's own cost per op,
+    # tracker_us_per_op, includes both)
     pack_us: float = 0.0
     hooks: str = "armed"
     # With the hooks armed, an armed op puts all it saves through them: `save_us` per tensor
@@ -103,7 +104,11 @@ class HostModel:
         return self.counted_calls.get(op.name, self.counted_default)
 
     def hooks_us(self, op: Op) -> float:
-        """The saved-tensor hooks' host time on forward op `op`'s saves, when they are on."""
+        """The saved-tensor hooks' host time on forward op `op`'s saves, when they are on; with
+        those saves taken from their call's frame instead ("frames"), that frame's call back
+        into Python, charged as a recorded call's (not measured apart)."""
+        if self.hooks == "frames":
+            return self.record_callback_us
         if self.hooks != "armed" or not self.saves_per_op:
             return self.pack_us
         return self.save_us * self.saves_per_op.get(op.name, self.saves_default)

@@ -298,7 +298,9 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
         return None
     got = executed.get("tracker", "python")
     if got == "native":
-        return "native" if executed.get("native_hooks") == "armed" else "native-always"
+        if executed.get("native_hooks") != "armed":
+            return "native-always"
+        return "native-frames" if executed.get("native_saved") == "frames" else "native"
     return "python"
 
 

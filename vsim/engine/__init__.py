@@ -215,9 +215,10 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
                                    native_us_per_call=0.0)
     # None: the runtime's default, native where built, its saved-tensor hooks on only where a
     # save is armed; "native-always": the native tracker before 2026-11-27T08:30, the hooks on
-    # for every forward op
-    return dataclasses.replace(host, tracker_us_per_op=0.0,
-                               hooks="always" if tracker == "native-always" else "armed")
+    # for every forward op; "native-frames": those saves taken from their calls' frames
+    # (VSIM_NATIVE_SAVED=frames)
+    hooks = {"native-always": "always", "native-frames": "frames"}.get(tracker or "", "armed")
+    return dataclasses.replace(host, tracker_us_per_op=0.0, hooks=hooks)
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,

@@ -132,7 +132,7 @@ class HostClock:
         acting = index if tracked else None
         noted = noted_ops(trace, acting) if acting is not None else frozenset()
         hooked = (hooked_ops(trace, acting) if acting is not None and
-                  model.hooks == "armed" else None)
+                  model.hooks in ("armed", "frames") else None)
         # The ops executor_us may charge: every other one costs (0.0, 0.0), asked without the
         # call (most ops of most plans)
         charged: set[int] | None = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import statistics
 import time
 import warnings
@@ -101,8 +102,14 @@ class CollectorClock:
 
 # The op tracker plans are made for: the native one, its saved-tensor hooks where a save is
 # armed (vsim.engine's trackers; plans measured before 2026-11-27T08:30 were made for
-# "native-always", and their runs' provenance has no plan_tracker)
+# "native-always", and their runs' provenance has no plan_tracker); with those saves taken
+# from their frames under VSIM_NATIVE_SAVED=frames, "native-frames"
 PLAN_TRACKER = "native"
+
+
+def plan_tracker() -> str:
+    """The tracker this process's plans are made for (PLAN_TRACKER, or its frames variant)."""
+    return "native-frames" if os.environ.get("VSIM_NATIVE_SAVED") == "frames" else PLAN_TRACKER
 
 
 class Session:
@@ -360,7 +367,7 @@ class Session:
             # the plan fits a capacity that binds by a margin too thin for most timing draws,
             # the policy's plan for a budget a little lower (engine.simulate's `draws`)
             plan = simulate(self.trace, self.hw, pol, make_allocator(_allocator_spec()),
-                            capacity, plan_tracker=PLAN_TRACKER, draws=TIMING_DRAWS).plan
+                            capacity, plan_tracker=plan_tracker(), draws=TIMING_DRAWS).plan
             self._plans[key] = (pol, plan)
         return self._plans[key]
 
@@ -516,7 +523,7 @@ class Session:
             "notes": notes,
             # the tracker the plan was made for (vsim validate plans it so again)
             "provenance": {**provenance(self.device, command, self.host_probe),
-                           "plan_tracker": PLAN_TRACKER},
+                           "plan_tracker": plan_tracker()},
         }
         if profiled is not None:
             result["profile_last"] = profiled
