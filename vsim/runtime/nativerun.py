@@ -62,6 +62,14 @@ def _choice(variable: str, choices: tuple[str, ...]) -> str:
     return got
 
 
+def native_saved() -> str:
+    """Where a saved tensor the plan acts on that its counted call does not return (batch
+    norm's saved statistics) is taken: where autograd saves it ("hooks"), or from the frame of
+    its own call ("frames", VSIM_NATIVE_SAVED; opt-in until measured against the hooks on the
+    GPU)."""
+    return _choice("VSIM_NATIVE_SAVED", ("hooks", "frames"))
+
+
 class NativeDivergence(OpSequenceError):
     """A native iteration's counted calls differed from its calibration's (seen once, on
     swin_t: aten::_index_put_impl_ where calibration saw aten::index_put). The iteration is
@@ -130,10 +138,7 @@ class NativeRuns:
         # calls counted by unboxed kernels ("fast", counter.cpp's Fast; opt-in until the host
         # model charges it and the runs it moves are measured)
         self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("boxed", "fast"))
-        # a saved tensor the plan acts on that its counted call does not return (batch norm's
-        # saved statistics): taken where autograd saves it ("hooks"), or from the frame of
-        # its own call ("frames", opt-in until measured against the hooks on the GPU)
-        self.native_saved = _choice("VSIM_NATIVE_SAVED", ("hooks", "frames"))
+        self.native_saved = native_saved()
         if tracker == "python":
             return
         self._native = nativemod.load()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import statistics
 import time
 import warnings
@@ -28,7 +27,7 @@ from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
 from .hostmem import process_pool
-from .nativerun import NativeDivergence
+from .nativerun import NativeDivergence, native_saved
 from .opmap import OpMap, map_ops
 from .results import (
     FORMAT,
@@ -109,7 +108,7 @@ PLAN_TRACKER = "native"
 
 def plan_tracker() -> str:
     """The tracker this process's plans are made for (PLAN_TRACKER, or its frames variant)."""
-    return "native-frames" if os.environ.get("VSIM_NATIVE_SAVED") == "frames" else PLAN_TRACKER
+    return "native-frames" if native_saved() == "frames" else PLAN_TRACKER
 
 
 class Session:
