@@ -458,9 +458,10 @@ template <class Op, class R, class... A>
 struct Fast<Op, R(A...)> {
   static R call(c10::DispatchKeySet ks, A... a) {
     const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY);
-    if (S.fast && depth == 0 && !S.paused && !S.calibrating &&
-        !(flags_of(S.count) & (PRE | POST | FRAMES))) {
-      hooks_at(flags_of(S.count++));
+    const uint8_t f = S.fast ? flags_of(S.count) : 0;
+    if (S.fast && depth == 0 && !S.paused && !S.calibrating && !(f & (PRE | POST | FRAMES))) {
+      ++S.count;
+      hooks_at(f);
       Depth d;
       c10::impl::ExcludeDispatchKeyGuard inner(KEY);
       return Op::redispatch(after, std::forward<A>(a)...);
