@@ -29,8 +29,8 @@ from vsim.plan import PlanIndex
 from vsim.trace import load_trace
 from vsim.validate import load_cases
 
-Row = tuple[str, str, dict[str, int], int]  # (case id, model, hooked ops by name, saves)
-ARMED: set[str] = set()  # the case ids of the runs with the hooks armed
+# (case id, model, the hooks armed, hooked ops by name, saves through the hooks)
+Row = tuple[str, str, bool, dict[str, int], int]
 
 
 def runs() -> list[Row]:
@@ -44,15 +44,15 @@ def runs() -> list[Row]:
         ex = doc.get("executed") or {}
         if ex.get("tracker") != "native" or "packs" not in ex or not doc.get("fits"):
             continue
-        if ex.get("native_hooks") == "armed":
-            ARMED.add(case.id)
+        armed = ex.get("native_hooks") == "armed"
+        if armed:
             trace, plan = planned(case)
             hooked = hooked_ops(trace, PlanIndex(plan))
             ops = [o for o in trace.ops if o.id in hooked]
         else:
             ops = [o for o in load_trace(case.trace).ops if o.phase == "fwd"]
         model = (doc.get("provenance") or {}).get("model") or case.id.split("-")[0]
-        rows.append((case.id, model, dict(collections.Counter(o.name for o in ops)),
+        rows.append((case.id, model, armed, dict(collections.Counter(o.name for o in ops)),
                      int(ex["packs"])))
     return rows
 
@@ -76,11 +76,11 @@ def fit(rows: list[Row], min_runs: int) -> tuple[dict[str, float], float]:
     ops (batch norm, max pooling, layer norm, attention) each put all their saves through
     the hooks. The runs with the hooks on for every forward op are left out: conv2d, batch
     norm and ReLU come together in them, and one fit trades those against each other."""
-    armed = [r for r in rows if r[0] in ARMED and r[2]]
-    seen = collections.Counter(n for _, _, ops, _ in armed for n in ops)
+    armed = [r for r in rows if r[2] and r[3]]
+    seen = collections.Counter(n for *_, ops, _ in armed for n in ops)
     names = sorted(n for n, k in seen.items() if k >= min_runs)
     a = np.array([[ops.get(n, 0) for n in names] +
-                  [sum(k for n, k in ops.items() if n not in names)] for _, _, ops, _ in armed],
+                  [sum(k for n, k in ops.items() if n not in names)] for *_, ops, _ in armed],
                  dtype=float)
     x = nnls(a, np.array([s for *_, s in armed], dtype=float))
     table = {n: round(float(v), 2) for n, v in zip(names, x[:-1], strict=True)}
@@ -100,26 +100,25 @@ def main() -> None:
     rows = runs()
     fitted = [r for r in rows if r[1] not in held]
     table, default = fit(fitted, args.min_runs)
-    print(f"# fit_saves.py over {len(fitted)} runs ({sum(r[0] in ARMED for r in fitted)} "
+    print(f"# fit_saves.py over {len(fitted)} runs ({sum(r[2] for r in fitted)} "
           f"armed) of {len({r[1] for r in fitted})} models (held out: {sorted(held) or 'none'})")
     print("saves_per_op:")
     for n, v in table.items():
         print(f"  {n}: {v}")
     print(f"  default: {default}")
-    always = [s / sum(ops.values()) for cid, _, ops, s in rows if cid not in ARMED and ops]
+    always = [s / sum(ops.values()) for _, _, armed, ops, s in rows if not armed and ops]
     if always:
         print(f"# the hooks always on: {statistics.median(always):.2f} saves per forward op "
               f"(median over {len(always)} runs; `pack_us` charges it per forward op)")
-    rows = [r for r in rows if r[0] in ARMED]
-    fitted = [r for r in fitted if r[0] in ARMED]
-    for label, group in (("fitted", fitted), ("held out", [r for r in rows if r[1] in held])):
-        errs = [abs(predict(ops, table, default) - s) / s for _, _, ops, s in group if s]
+    checked = [r for r in rows if r[2]]
+    for label, group in (("fitted", [r for r in checked if r[1] not in held]),
+                         ("held out", [r for r in checked if r[1] in held])):
+        errs = [abs(predict(ops, table, default) - s) / s for *_, ops, s in group if s]
         if errs:
             print(f"# {label}: {len(errs)} runs with saves, |error| median "
                   f"{100 * statistics.median(errs):.1f}%, largest {100 * max(errs):.1f}%")
-        for cid, _, ops, s in group:
-            if label == "held out":
-                print(f"#   {cid}: {s} saves, predicted {predict(ops, table, default):.0f}")
+    for cid, *_, ops, s in (r for r in checked if r[1] in held):
+        print(f"#   {cid}: {s} saves, predicted {predict(ops, table, default):.0f}")
 
 
 if __name__ == "__main__":
