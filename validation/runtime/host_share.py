@@ -6,10 +6,10 @@ UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-
 vsim.validate's `runtime_own_us`. That leaves out the native tracker itself (its counter on every
 counted call and the saved-tensor hooks, outside the executor's timers); the last column adds
 them: the counter as the run's hardware profile charges it (`native_us_per_call` per counted
-call of the run's trace), the hooks at SAVE_US per save the run made through them
-(`executed.packs`: every save before 2026-11-27T08:30, only around the calls with a save the
-plan acts on since). Measured on the H100 (validation/host/waits/), an estimate, not a timing
-of that run.
+call of the run's trace), the hooks at the H100 profile's `save_us` per save the run made
+through them (`executed.packs`: every save before 2026-11-27T08:30, only around the calls with
+a save the plan acts on since). Measured on the H100 (validation/host/waits/), an estimate,
+not a timing of that run.
 Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
@@ -28,9 +28,15 @@ from vsim.trace import load_trace
 from vsim.validate import runtime_own_us
 
 ROOT = Path(__file__).resolve().parents[2]
-# the saved-tensor hooks per save, median of five models on the H100 (validation/host/waits/
-# README, section 2: 4.6-8.6 us); not measured on the H200
-SAVE_US = 6.4
+
+
+def save_us() -> float:
+    """The saved-tensor hooks per save: the H100 profile's `save_us` (median of five models,
+    validation/host/waits/ README, section 2: 4.6-8.6 us), for every run: not measured on the
+    H200."""
+    host = load_host_model("h100-sxm")
+    assert host is not None and host.save_us > 0
+    return host.save_us
 
 
 def main() -> None:
@@ -39,6 +45,7 @@ def main() -> None:
     ap.add_argument("--hardware", default=None)
     args = ap.parse_args()
     rows = []
+    per_save = save_us()
     tracker_us: dict[tuple[str, str], float] = {}  # (hardware, trace) -> the profile's charge
 
     def counter(hardware: str, trace: str) -> float:
@@ -62,7 +69,7 @@ def main() -> None:
         assert ex is not None
         native = ex.get("tracker") == "native"
         with_tracker = own + (counter(d["hardware"], d["trace"]) +
-                              SAVE_US * (ex.get("packs") or 0) if native else 0.0)
+                              per_save * (ex.get("packs") or 0) if native else 0.0)
         tracker = f"native ({ex.get('native_hooks', 'always')})" if native else ex.get("tracker")
         rows.append((d["id"], ex["executor_host_us"] / it, own / it, tracker, with_tracker / it))
     if not rows:
