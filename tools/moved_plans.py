@@ -3,10 +3,12 @@ it, then planned again with the change applied to every host model the planning 
 cases whose plan digests differ must be remeasured before the change is adopted. Prints them
 and a `--only` list for the suite runner. Writes nothing.
 
-    PYTHONPATH=tools python tools/moved_plans.py --armed-pack-us 44.1 [--hardware h100-sxm]
+    PYTHONPATH=tools python tools/moved_plans.py --save-us US [--hardware h100-sxm]
 
-`--armed-pack-us`: the saved-tensor hooks' charge per hooked forward op for the runs with the
-hooks armed (validation/host/waits/ section 7: 6.88 saves of 6.4 us).
+`--save-us`: the saved-tensor hooks' charge per save for the runs with the hooks armed (the
+profile charges it times each hooked op's saves, `saves_per_op`). Before the per-save charge,
+`--armed-pack-us 44.1` set a charge per hooked op and moved 10 plans (validation/host/waits/
+section 7).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from vsim.validate import load_cases, planned_tracker
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--armed-pack-us", type=float, required=True)
+    ap.add_argument("--save-us", type=float, required=True)
     ap.add_argument("--hardware", default=None)
     args = ap.parse_args()
 
     def change(host: HostModel) -> HostModel:
         if host.hooks != "armed":
             return host
-        return dataclasses.replace(host, pack_us=args.armed_pack_us)
+        return dataclasses.replace(host, save_us=args.save_us)
 
     moved = []
     cases = [c for c in load_cases(sorted(glob.glob("validation/cases/*.yaml")))

@@ -9,11 +9,12 @@ not charged) and prints the MAPE of both over the cases both predict and measure
 Writes nothing.
 
     PYTHONPATH=tools python tools/tracker_whatif.py [--counter-us 0] [--pack-us 3.1]
-        [--left-us 58.1] [--armed-pack-us US] [--only-armed]
+        [--left-us 58.1] [--save-us US] [--only-armed]
 
-`--armed-pack-us`: the hooks' charge per hooked forward op for the runs with the hooks armed
-(the runtime since 2026-11-27T08:30; default: as `--pack-us`); `--only-armed`: those runs only,
-the other charges as the profile's.
+`--save-us`: the hooks' charge per save for the runs with the hooks armed (the runtime since
+2026-11-27T08:30; the profile charges it times each hooked op's saves, `saves_per_op`; default:
+the profile's); `--only-armed`: those runs only, the other charges as the profile's. (Before
+the per-save charge, `--armed-pack-us 44.1` set a charge per hooked op: waits/ section 7.)
 """
 
 from __future__ import annotations
@@ -35,18 +36,17 @@ def main() -> None:
     ap.add_argument("--counter-us", type=float, default=0.0)
     ap.add_argument("--pack-us", type=float, default=3.1)
     ap.add_argument("--left-us", type=float, default=58.1)
-    ap.add_argument("--armed-pack-us", type=float, default=None)
+    ap.add_argument("--save-us", type=float, default=None)
     ap.add_argument("--only-armed", action="store_true")
     args = ap.parse_args()
 
     def other(host: HostModel) -> HostModel:
-        armed = host.hooks == "armed"
+        if host.hooks == "armed" and args.save_us is not None:
+            host = dataclasses.replace(host, save_us=args.save_us)
         if args.only_armed:
-            return dataclasses.replace(host, pack_us=args.armed_pack_us) if armed and \
-                args.armed_pack_us is not None else host
-        pack = args.armed_pack_us if armed and args.armed_pack_us is not None else args.pack_us
-        return dataclasses.replace(host, native_us_per_call=args.counter_us, pack_us=pack,
-                                   record_callback_us=args.left_us)
+            return host
+        return dataclasses.replace(host, native_us_per_call=args.counter_us,
+                                   pack_us=args.pack_us, record_callback_us=args.left_us)
 
     names = ("profile", "other values")
     rows: dict[str, list[tuple[str, float]]] = {n: [] for n in names}
