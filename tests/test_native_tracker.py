@@ -250,6 +250,51 @@ def test_the_fast_counter_counts_and_acts_as_the_boxed_one(cnn, monkeypatch, pol
     assert got["executed"]["recomputed_calls"] == ref["executed"]["recomputed_calls"]
 
 
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "layrub", "superneurons",
+                                    "recompute:strategy=sqrt", "hybrid"])
+def test_a_gated_backward_counts_only_its_acting_nodes_and_acts_the_same(
+        cnn, monkeypatch, policy: str) -> None:
+    """VSIM_NATIVE_GATE=nodes (counter.cpp's Gate): backward's nodes without a call the plan
+    acts at run without the tracker, so fewer calls pass its key; the same actions and bytes,
+    the count after backward resumed where calibration had it (else the iteration would
+    diverge and leave the native tracker), gradients bitwise equal."""
+    trace, s = cnn
+    cap = _cap(trace)
+    monkeypatch.setenv("VSIM_NATIVE_GATE", "off")
+    ref = s.run(policy, cap, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_GATE", "nodes")
+    got = s.run(policy, cap, iters=2, warmup=1)
+    _native(ref, got)
+    ex, rx = got["executed"], ref["executed"]
+    assert ex["native_gate"] == "nodes" and rx["gated"] is False
+    assert ex["gated"], ex["gate_note"]
+    assert ex["calls_through_tracker"] < rx["calls_through_tracker"]
+    assert got["check"]["bitwise_equal"], got["check"]
+    for key in ("d2h_bytes", "h2d_bytes"):
+        assert got[key] == ref[key]
+    for key in ("offloads", "prefetches", "drops", "recomputed_calls"):
+        assert ex[key] == rx[key]
+
+
+def test_a_flagged_count_between_backward_nodes_cannot_be_gated() -> None:
+    """A count the executor acts at that runs in backward outside every node (the engine's
+    own gradient sums between nodes) leaves the whole backward counted."""
+    from vsim.runtime.native import gate
+
+    cal = _cal(before=list(range(1, 9)), inside=[True] * 8, views=[False] * 8,
+               names=[f"aten::c{c}" for c in range(8)])
+    cal.backward_at, cal.after_backward = 2, 7
+    cal.node_spans = [(2, 3), (3, 4), (5, 6), (-1, -1)]  # count 4 runs between nodes
+    flags = bytearray(8)
+    flags[5] = 1
+    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], None)
+    flags[4] = 2
+    starts, why = gate(cal, bytes(flags))
+    assert starts is None and "counted call 4 (aten.c4)" in why
+    cal.backwards = 1
+    assert gate(cal, bytes(8))[0] is None
+
+
 def test_a_bad_hooks_choice_is_an_error(cnn, monkeypatch) -> None:
     trace, s = cnn
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "never")

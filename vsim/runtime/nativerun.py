@@ -70,6 +70,12 @@ def native_saved() -> str:
     return _choice("VSIM_NATIVE_SAVED", ("hooks", "frames"))
 
 
+def native_gate() -> str:
+    """Whether backward's nodes with no call the plan acts at run without the tracker ("nodes",
+    counter.cpp's Gate) or every call is counted ("off"; VSIM_NATIVE_GATE)."""
+    return _choice("VSIM_NATIVE_GATE", ("nodes", "off"))
+
+
 class NativeDivergence(OpSequenceError):
     """A native iteration's counted calls differed from its calibration's (seen once, on
     swin_t: aten::_index_put_impl_ where calibration saw aten::index_put). The iteration is
@@ -139,6 +145,10 @@ class NativeRuns:
         # model charges it and the runs it moves are measured)
         self.native_counter = _choice("VSIM_NATIVE_COUNTER", ("boxed", "fast"))
         self.native_saved = native_saved()
+        self.native_gate = native_gate()
+        self.gated: bool | None = None       # whether the last native iteration gated
+        self.calls_through: int | None = None  # its calls through the tracker's key
+        self.gate_note: str | None = None      # why the plan's backward is not gated
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -216,6 +226,8 @@ class NativeRuns:
             self._cal_registered, self.map.call_op, [str(f) for f in funcs],
             [bool(getattr(f, "is_view", False)) for f in funcs], self._cal_packs,
             [tuple(f) for f in nat.frames()], self.cal_frames, self.cal_flagged)
+        spans, cal.backward_at, cal.after_backward, cal.backwards = nat.nodes()
+        cal.node_spans = [tuple(x) for x in spans]
         key = determinism_key()
         if len(cal.before) != self.map.n_calls:
             self._cal[key] = (f"native tracker not used: calibration saw {len(cal.before)} "
@@ -283,6 +295,10 @@ class NativeRuns:
         hooks = (contextlib.nullcontext() if per_call else
                  torch.autograd.graph.saved_tensors_hooks(nat.pack, nat.unpack))
         nat.set_fast(self.native_counter == "fast")
+        if self.native_gate == "nodes":
+            self.gate_note = tg.gate_note
+            if tg.gate is not None:
+                nat.arm_gate(tg.gate, cal.after_backward)
         nat.begin()
         try:
             with hooks:
@@ -307,6 +323,7 @@ class NativeRuns:
         finally:
             self._logs = None
             self._native_count = nat.count()
+            self.gated, self.calls_through = nat.gated()
             nat.end()
             nat.disarm()
             packs, ns = nat.disarm_packs()

@@ -186,7 +186,13 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             # the native tracker's saved-tensor hooks (vsim.runtime.nativerun): runs before
             # 2026-11-27T08:30 have no such key and ran them "always"
             **({"native_hooks": ex.native_hooks, "native_counter": ex.native_counter,
-                "native_saved": ex.native_saved} if stats.tracker == "native" else {}),
+                "native_saved": ex.native_saved,
+                # backward's nodes without an action run untracked (counter.cpp's Gate; keys
+                # from 2026-11-28): whether the last iteration did, and its calls through the
+                # tracker's key
+                "native_gate": ex.native_gate, "gated": ex.gated, "gate_note": ex.gate_note,
+                "calls_through_tracker": ex.calls_through}
+               if stats.tracker == "native" else {}),
             # the recomputation's replay: run by its compiled programs in C++, or in Python
             "replay": (None if not ex.recompute_before else
                        "compiled" if stats.tracker == "native" and ex._programs else "python"),

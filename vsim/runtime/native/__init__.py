@@ -152,6 +152,13 @@ class Calibration:
     frames: list[tuple[int, int, str, int]] = field(default_factory=list)
     frame_of: list[tuple[int, int]] = field(default_factory=list)
     flagged: dict[int, tuple[Any, bool]] = field(default_factory=dict)
+    # backward's nodes (counter.cpp's Gate), in walk order from its root: each one's (first
+    # count, count after), -1 where it did not run; backward's first count, the first count
+    # after it, and how many more backwards the step made (-1: none seen)
+    node_spans: list[tuple[int, int]] = field(default_factory=list)
+    backward_at: int = -1
+    after_backward: int = -1
+    backwards: int = 0
 
     @property
     def total(self) -> int:
@@ -173,7 +180,8 @@ class Calibration:
 @dataclass
 class Targets:
     """Where an armed counter calls back: `flags` per count (1 before, 2 after, 4 frames, 8 the
-    saved-tensor hooks on from its start to the next counted call's), the Python
+    saved-tensor hooks on from its start to the next counted call's, 16 a gated backward
+    node's last count with a flag: the tracker off after it), the Python
     call each boundary stands for, the trace tensors each call's outputs are, and the operator
     name each target must have."""
 
@@ -191,6 +199,10 @@ class Targets:
     frame_call: dict[int, int] = field(default_factory=dict)
     frame_watch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # -> (j, t)
     frame_count: dict[int, int] = field(default_factory=dict)
+    # backward's gate (counter.cpp's Gate): per node its first count where it holds a count
+    # with a flag, else -1; None where backward cannot be gated (`gate_note` says why)
+    gate: list[int] | None = None
+    gate_note: str | None = None
 
 
 def frame_key(count: int, number: int) -> int:
@@ -318,8 +330,50 @@ def targets(cal: Calibration, boundary_calls: list[int],
                              f"{python_name(cal.names[c])} nor saved for backward within it, "
                              "nor an output of a frame of its own")
     _frame_targets(cal, flags, out, watched)
+    out.gate, out.gate_note = gate(cal, bytes(flags))
+    if out.gate is not None:
+        for c in last_flagged(cal, bytes(flags), out.gate):
+            flags[c] |= 16
     out.flags = bytes(flags)
     return out
+
+
+def gate(cal: Calibration, flags: bytes) -> tuple[list[int] | None, str | None]:
+    """Backward's nodes to count in (counter.cpp's Gate): those that hold a count with a flag,
+    each from its first count; every other node runs without the tracker. (None, why) where a
+    flagged count of backward lies outside every node (the engine's own gradient sums between
+    nodes), or the step's backward is not one walk of one graph."""
+    if cal.backward_at < 0 or cal.after_backward < 0 or not cal.node_spans:
+        return None, "no backward, or no counted call after it"
+    if cal.backwards:
+        return None, f"the step ran {cal.backwards + 1} backwards"
+    from bisect import bisect_right
+
+    root_end = cal.node_spans[0][1]
+    spans = sorted((a, b, i) for i, (a, b) in enumerate(cal.node_spans) if i > 0 and a >= 0)
+    starts = [a for a, _, _ in spans]
+    start = [-1] * len(cal.node_spans)
+    for c in range(cal.backward_at, cal.after_backward):
+        if not flags[c] or c < root_end:
+            continue  # backward's root counts on from where the walk began
+        j = bisect_right(starts, c) - 1
+        if j < 0 or not spans[j][0] <= c < spans[j][1]:
+            return None, (f"counted call {c} ({python_name(cal.names[c])}), where the executor "
+                          "acts, runs in backward outside every node")
+        start[spans[j][2]] = spans[j][0]
+    return start, None
+
+
+def last_flagged(cal: Calibration, flags: bytes, start: list[int]) -> list[int]:
+    """Each gated node's last count with a flag: after it the node's calls run without the
+    tracker (counter.cpp's OFF)."""
+    got = []
+    for i, s in enumerate(start):
+        if s < 0:
+            continue
+        end = cal.node_spans[i][1]
+        got.append(max(c for c in range(s, end) if flags[c]))
+    return got
 
 
 def _own_frame(cal: Calibration, k: int) -> tuple[int, int] | None:
