@@ -54,13 +54,19 @@ def test_a_host_bound_iteration_is_the_hosts_time_whatever_the_kernels_take():
     # before (the hooks always on) on each of the two forward ops. The Python tracker's cost
     # per op includes both.
     assert host.pack_us > 0 and host.native_us_per_call > 0
-    counted = sum(host.counted(o) for o in four_ops(1.0).ops)
-    for tracker, hooked in ((None, 0), ("native-always", 2)):
+    # By default backward is gated: of its ops, the first (its root) is counted whole, the
+    # others only where the plan acts before them or after the op before them, one call each
+    # (op2, the prefetch's, is the root; op3 waits for the prefetch: its first call only).
+    ops = four_ops(1.0).ops
+    counted = sum(host.counted(o) for o in ops)
+    assert host.counted(ops[3]) > 1
+    for tracker, hooked, calls in ((None, 0, counted - host.counted(ops[3]) + 1),
+                                   ("native", 0, counted), ("native-always", 2, counted)):
         native = run_plan(four_ops(1.0), hw, plan, make_allocator("exact"), host_time=True,
                           tracker=tracker).report
         assert native["iteration_time_us"] == pytest_approx(
             issue3 - 4 * host.tracker_us_per_op + hooked * host.pack_us
-            + host.native_us_per_call * counted + 1.0)
+            + host.native_us_per_call * calls + 1.0)
     # An ideal runtime (tracked=False) issues at PyTorch's own cost: 2 x 41.87 + 2 x 56.43.
     r = run_plan(four_ops(1.0), hw, plan, make_allocator("exact"), host_time=True,
                  tracked=False).report

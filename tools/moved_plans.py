@@ -4,11 +4,13 @@ cases whose plan digests differ must be remeasured before the change is adopted.
 and a `--only` list for the suite runner. Writes nothing.
 
     PYTHONPATH=tools python tools/moved_plans.py --save-us US [--hardware h100-sxm]
+    PYTHONPATH=tools python tools/moved_plans.py --gate [--hardware h100-sxm]
 
 `--save-us`: the saved-tensor hooks' charge per save for the runs with the hooks armed (the
 profile charges it times each hooked op's saves, `saves_per_op`). Before the per-save charge,
 `--armed-pack-us 44.1` set a charge per hooked op and moved 10 plans (validation/host/waits/
-section 7).
+section 7). `--gate`: the plans made for the native tracker with backward gated
+("native-gated", VSIM_NATIVE_GATE=nodes) instead.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from host_whatif import planned
 
 from vsim.host import HostModel
 from vsim.plan import plan_digest
-from vsim.validate import load_cases, planned_tracker
+from vsim.validate import case_inputs, load_cases, planned_tracker, simulate_case
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--save-us", type=float, required=True)
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--save-us", type=float)
+    what.add_argument("--gate", action="store_true")
     ap.add_argument("--hardware", default=None)
     args = ap.parse_args()
 
@@ -45,7 +49,14 @@ def main() -> None:
         if case.measured == "trace" or \
                 planned_tracker(json.loads(Path(case.measured).read_text())) != "native":
             continue  # planned for the hooks always on: the change does not reach its plan
-        if plan_digest(planned(case)[1]) != plan_digest(planned(case, change)[1]):
+        if args.gate:
+            trace, hw, m = case_inputs(case)
+            gated = {**m, "provenance": {**m.get("provenance", {}),
+                                         "plan_tracker": "native-gated"}}
+            a, b = (simulate_case(case, trace, hw, x).plan for x in (m, gated))
+        else:
+            a, b = planned(case)[1], planned(case, change)[1]
+        if plan_digest(a) != plan_digest(b):
             moved.append(case.id)
             print(f"moves: {case.id}", flush=True)
     print(f"{len(moved)} plans move")

@@ -95,6 +95,9 @@ class HostModel:
     # call (validation/host/native-cost/), `counted_calls` per trace op by name, every phase
     # (calls_per_op.py --counted), `counted_default` for a name not in it. 0: not charged.
     native_us_per_call: float = 0.0
+    # backward gated (VSIM_NATIVE_GATE=nodes, counter.cpp's Gate): a backward op's counted
+    # calls are charged only where the plan acts at it; its other nodes run untracked
+    gated: bool = False
     counted_calls: dict[str, float] = field(default_factory=dict)
     counted_default: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)

@@ -300,7 +300,8 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
     if got == "native":
         if executed.get("native_hooks") != "armed":
             return "native-always"
-        return "native-frames" if executed.get("native_saved") == "frames" else "native"
+        name = "native-frames" if executed.get("native_saved") == "frames" else "native"
+        return name + ("-gated" if executed.get("gated") else "")
     return "python"
 
 

@@ -6,7 +6,8 @@ UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-
 vsim.validate's `runtime_own_us`. That leaves out the native tracker itself (its counter on every
 counted call and the saved-tensor hooks, outside the executor's timers); the last column adds
 them: the counter as the run's hardware profile charges it (`native_us_per_call` per counted
-call of the run's trace), the hooks at the H100 profile's `save_us` per save the run made
+call of the run's trace, or per call through its key where the run counted them: a gated
+backward's), the hooks at the H100 profile's `save_us` per save the run made
 through them (`executed.packs`: every save before 2026-11-27T08:30, only around the calls with
 a save the plan acts on since). Measured on the H100 (validation/host/waits/), an estimate,
 not a timing of that run.
@@ -56,6 +57,10 @@ def main() -> None:
                 host.native_us_per_call * host.counted(o) for o in ops)
         return tracker_us[hardware, trace]
 
+    def per_call(hardware: str) -> float:
+        host = load_host_model(hardware)
+        return 0.0 if host is None else host.native_us_per_call
+
     for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json"))):
         d = json.loads(Path(f).read_text())
         ex, it = d.get("executed"), d.get("iteration_time_us")
@@ -68,8 +73,12 @@ def main() -> None:
             continue
         assert ex is not None
         native = ex.get("tracker") == "native"
-        with_tracker = own + (counter(d["hardware"], d["trace"]) +
-                              per_save * (ex.get("packs") or 0) if native else 0.0)
+        # the counter: per call through the tracker's key where the run counted them (a gated
+        # backward, from 2026-11-28), else per counted call of the trace
+        through = ex.get("calls_through_tracker")
+        calls_us = (counter(d["hardware"], d["trace"]) if through is None else
+                    per_call(d["hardware"]) * through)
+        with_tracker = own + (calls_us + per_save * (ex.get("packs") or 0) if native else 0.0)
         tracker = f"native ({ex.get('native_hooks', 'always')})" if native else ex.get("tracker")
         rows.append((d["id"], ex["executor_host_us"] / it, own / it, tracker, with_tracker / it))
     if not rows:

@@ -214,11 +214,16 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
         return dataclasses.replace(host, pack_us=0.0, save_us=0.0, record_callback_us=0.0,
                                    native_us_per_call=0.0)
     # None: the runtime's default, native where built, its saved-tensor hooks on only where a
-    # save is armed; "native-always": the native tracker before 2026-11-27T08:30, the hooks on
-    # for every forward op; "native-frames": those saves taken from their calls' frames
-    # (VSIM_NATIVE_SAVED=frames)
-    hooks = {"native-always": "always", "native-frames": "frames"}.get(tracker or "", "armed")
-    return dataclasses.replace(host, tracker_us_per_op=0.0, hooks=hooks)
+    # save is armed, backward gated ("native-gated"); "native-always": the native tracker
+    # before 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those
+    # saves taken from their calls' frames
+    # (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes without an action
+    # untracked (VSIM_NATIVE_GATE=nodes)
+    name = tracker or "native-gated"
+    gated = name.endswith("-gated")
+    name = name.removesuffix("-gated")
+    hooks = {"native-always": "always", "native-frames": "frames"}.get(name, "armed")
+    return dataclasses.replace(host, tracker_us_per_op=0.0, hooks=hooks, gated=gated)
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
@@ -256,9 +261,12 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     (vsim.runtime.nativerun): "python" pays tracker_us_per_op per op; "native" (a C++ counter)
     pays native_us_per_call per counted call and its saved-tensor hooks (pack_us) on the
     forward ops with a save the plan acts on; "native-always" (the native tracker before
-    2026-11-27T08:30) the hooks on every forward op; None: native, as the runtime's default
-    ("auto") runs every plan where the native tracker builds. Planning profiling runs use the
-    same tracker (planning_runner), so that a plan is judged under the host costs it runs with.
+    2026-11-27T08:30) the hooks on every forward op; a "-gated" suffix ("native-gated") counts
+    only the backward ops the plan acts at, and those from their first call to their first
+    (hostclock.gated_calls; VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None: "native-gated",
+    as the runtime's default ("auto") runs every plan where the native tracker builds.
+    Planning profiling runs use the same tracker (planning_runner), so that a plan is judged
+    under the host costs it runs with.
 
     `dgrad_workspace`: a backward convolution first allocates and frees its data-gradient
     kernel's workspace, about its forward convolution's (TracePrep.dgrad_workspaces), which the

@@ -62,6 +62,25 @@ def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     return frozenset(noted)
 
 
+def gated_calls(trace: Trace, index: PlanIndex) -> dict[int, float]:
+    """Counted calls a gated native tracker makes in backward's ops other than its first
+    (counter.cpp's Gate; every other op is counted whole): an op (an autograd node) the plan
+    acts before, or after the op before it, is counted from its first call to its first, where
+    the runtime acts (its last flagged call, after which the node runs untracked); every other
+    backward op not at all."""
+    acting, after = index.acts_before, index.acts_after
+    got: dict[int, float] = {}
+    first = True
+    prev = -1
+    for op in trace.ops:
+        if op.phase == "bwd":
+            if not first:
+                got[op.id] = 1.0 if op.id in acting or prev in after else 0.0
+            first = False
+        prev = op.id
+    return got
+
+
 def hooked_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     """The forward ops the native tracker's saved-tensor hooks are on for (hooks "armed"): those
     with an output the plan acts on other than their first, which their counted call does not
@@ -140,6 +159,8 @@ class HostClock:
             charged = {*acting.prefetch_at, *acting.offload_at, *acting.offload_after,
                        *acting.release_after, *acting.drop_after, *acting.recomputed_ops,
                        *noted, *(hooked or ())} if hooked is not None else None
+        # a gated backward counts only the nodes the plan acts at (HostModel.gated)
+        gated = gated_calls(trace, acting) if acting is not None and model.gated else {}
         issue = self.issue
         for op, clock, calls in zip(trace.ops, clocks, counted, strict=True):
             if charged is None or op.id in charged:
@@ -148,7 +169,7 @@ class HostClock:
                 before = after = 0.0
             runtime += per_op + before
             if per_call:
-                runtime += per_call * calls
+                runtime += per_call * min(calls, gated.get(op.id, calls))
             issue[op.id] = clock + runtime
             runtime += after
         self.unscaled = self.issue  # the issue times at the host's usual speed

@@ -27,7 +27,7 @@ from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool
 from .hostmem import process_pool
-from .nativerun import NativeDivergence, native_saved
+from .nativerun import NativeDivergence, native_gate, native_saved
 from .opmap import OpMap, map_ops
 from .results import (
     FORMAT,
@@ -102,13 +102,16 @@ class CollectorClock:
 # The op tracker plans are made for: the native one, its saved-tensor hooks where a save is
 # armed (vsim.engine's trackers; plans measured before 2026-11-27T08:30 were made for
 # "native-always", and their runs' provenance has no plan_tracker); with those saves taken
-# from their frames under VSIM_NATIVE_SAVED=frames, "native-frames"
+# from their frames under VSIM_NATIVE_SAVED=frames, "native-frames"; "-gated": backward's nodes
+# without an action untracked (VSIM_NATIVE_GATE=nodes, the default from 2026-11-28)
 PLAN_TRACKER = "native"
 
 
 def plan_tracker() -> str:
-    """The tracker this process's plans are made for (PLAN_TRACKER, or its frames variant)."""
-    return "native-frames" if native_saved() == "frames" else PLAN_TRACKER
+    """The tracker this process's plans are made for (PLAN_TRACKER, or its frames variant;
+    gated unless VSIM_NATIVE_GATE=off)."""
+    name = "native-frames" if native_saved() == "frames" else PLAN_TRACKER
+    return name + ("-gated" if native_gate() == "nodes" else "")
 
 
 class Session:
