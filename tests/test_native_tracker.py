@@ -222,6 +222,9 @@ def test_saved_tensors_from_their_frames_act_as_from_the_hooks(cnn, monkeypatch,
     _native(ref, got)
     assert got["executed"]["native_saved"] == "frames"
     assert ref["executed"]["packs"] > 0 and got["executed"]["packs"] == 0
+    # the frames' call backs, timed in C++
+    assert got["executed"]["frame_calls"] > ref["executed"]["frame_calls"]
+    assert got["executed"]["executor_frame_us"] > 0
     assert got["check"]["bitwise_equal"], got["check"]
     for key in ("d2h_bytes", "h2d_bytes"):
         assert got[key] == ref[key]

@@ -117,6 +117,11 @@ class IterationStats:
     # the saved-tensor hook (a Python call per tensor autograd saves; not part of host_us)
     pack_us: float = 0.0
     packs: int = 0
+    # the native tracker's call backs at frames (arguments made Python objects, the Python
+    # call; counter.cpp's frame_call_back), timed in C++; part of host_us where the Python
+    # side is timed
+    frame_us: float = 0.0
+    frame_calls: int = 0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -335,6 +340,11 @@ class Executor(Recomputation, NativeRuns):
             self._pause_native(native)
             self.stats.packs += 1
             self.stats.pack_us += (time.perf_counter() - t0) * 1e6
+
+    def _framed(self, calls: int, us: float) -> None:
+        """A native iteration's frame call backs (counter.cpp's frame_calls)."""
+        self.stats.frame_calls += calls
+        self.stats.frame_us += us
 
     def _packed(self, packs: int, us: float) -> None:
         """Saves made through the native hook (counted and timed in C++)."""

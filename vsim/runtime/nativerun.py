@@ -324,6 +324,8 @@ class NativeRuns:
             self._logs = None
             self._native_count = nat.count()
             self.gated, self.calls_through = nat.gated()
+            frames, frame_ns = nat.frame_calls()
+            self._framed(frames, frame_ns / 1e3)
             nat.end()
             nat.disarm()
             packs, ns = nat.disarm_packs()
@@ -459,6 +461,8 @@ class NativeRuns:
         def register(self, watch: list[tuple[int, int]], out: Any) -> None: ...
 
         def _packed(self, packs: int, us: float) -> None: ...
+
+        def _framed(self, calls: int, us: float) -> None: ...
 
         def advance(self, op: int) -> None: ...
 

@@ -176,6 +176,8 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_record_us": us("record_us"),
             "recorded_calls": stats.recorded_calls,
             "executor_pack_us": us("pack_us"), "packs": stats.packs,
+            # the native tracker's frame call backs, timed in C++ (keys from 2026-11-28)
+            "executor_frame_us": us("frame_us"), "frame_calls": stats.frame_calls,
             "executor_own_us": round(statistics.median(own(s) for s in runs), 1),
             "executor_own_includes_replay": True,  # runs before 2026-11-27 03:30 UTC left out
             # the recording and the whole replay (validation/runtime/host_share.py)

@@ -86,6 +86,8 @@ def main() -> None:
                                  "native_gate": ex.get("native_gate"), "gated": ex.get("gated"),
                                  "gate_note": ex.get("gate_note"),
                                  "calls_through_tracker": ex.get("calls_through_tracker"),
+                                 "frame_calls": ex.get("frame_calls"),
+                                 "executor_frame_us": ex.get("executor_frame_us"),
                                  "executor_own_us": ex.get("executor_own_us"),
                                  "tracker": ex.get("tracker"),
                                  "bitwise_equal": (got.get("check") or {}).get("bitwise_equal"),

@@ -218,8 +218,21 @@ thread_local int64_t frame_c = -1;
 thread_local int64_t next_frame = 0;
 thread_local std::vector<int64_t> running;
 
+// frame call backs this iteration and the nanoseconds they took (their arguments made into
+// Python objects and the Python call)
+int64_t frame_cb_n = 0, frame_cb_ns = 0;
+
 void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
                      const std::vector<c10::IValue>* args, torch::jit::Stack* stack) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      ++frame_cb_n;
+      frame_cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0).count();
+    }
+  } timed{t0};
   in_python([&] {
     if (args == nullptr) {
       S.frame_callback(c, j, py::none(), py::none(), py::none(), py::none(), false);
@@ -605,6 +618,7 @@ void do_begin() {
   G.phase = 0;
   G.active = false;
   G.through = 0;
+  frame_cb_n = frame_cb_ns = 0;
   if (S.calibrating) {
     G.spans.clear();
     G.backward_at = G.after_at = -1;
@@ -678,6 +692,9 @@ void do_arm_gate(std::vector<int64_t> start, int64_t after) {
 std::tuple<std::vector<std::pair<int64_t, int64_t>>, int64_t, int64_t, int64_t> do_nodes() {
   return {G.spans, G.backward_at, G.after_at, G.backwards};
 }
+
+// (frame call backs, nanoseconds in them) this iteration
+std::pair<int64_t, int64_t> do_frame_calls() { return {frame_cb_n, frame_cb_ns}; }
 
 // (whether this iteration gated its backward, calls through the key)
 std::pair<bool, int64_t> do_gated() { return {G.active, G.through}; }
@@ -823,6 +840,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the count after backward");
   m.def("nodes", &do_nodes, "calibration: per node (first count, count after), backward's "
         "first count, the count after it, further backwards");
+  m.def("frame_calls", &do_frame_calls, "(frame call backs, ns in them) this iteration");
   m.def("gated", &do_gated, "(whether the last iteration gated its backward, calls through "
         "the key)");
   m.def("pack", &do_pack, "saved-tensor pack hook of armed iterations (see Packs)");
