@@ -89,6 +89,9 @@ class HostModel:
     saves_per_op: dict[str, float] = field(default_factory=dict)
     saves_default: float = 0.0
     record_callback_us: float = 0.0
+    # a hooked op's call back at its frame where its saves come from frames (hooks "frames");
+    # 0: not measured, charged as a recorded call's (record_callback_us)
+    frame_callback_us: float = 0.0
     calls_per_op: dict[str, float] = field(default_factory=dict)
     calls_default: float = 1.0
     # The native tracker (the runtime's default) on its own: its C++ fallback per counted aten
@@ -109,9 +112,10 @@ class HostModel:
     def hooks_us(self, op: Op) -> float:
         """The saved-tensor hooks' host time on forward op `op`'s saves, when they are on; with
         those saves taken from their call's frame instead ("frames"), that frame's call back
-        into Python, charged as a recorded call's (not measured apart)."""
+        into Python (`frame_callback_us`, timed in C++; a recorded call's where not
+        measured)."""
         if self.hooks == "frames":
-            return self.record_callback_us
+            return self.frame_callback_us or self.record_callback_us
         if self.hooks != "armed" or not self.saves_per_op:
             return self.pack_us
         return self.save_us * self.saves_per_op.get(op.name, self.saves_default)
@@ -236,6 +240,8 @@ def read_host_model(path: Path) -> HostModel:
                      saves_per_op=saves, saves_default=saves_default,
                      record_callback_us=us(executor.get("record_callback_us", 0.0),
                                            "executor.record_callback_us"),
+                     frame_callback_us=us(executor.get("frame_callback_us", 0.0),
+                                          "executor.frame_callback_us"),
                      calls_per_op=calls, calls_default=calls_default,
                      native_us_per_call=us(executor.get("native_us_per_call", 0.0),
                                            "executor.native_us_per_call"),

@@ -212,6 +212,7 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
     if tracker == "python":  # its cost per op includes the hook's, the recording's calls and
         # what the native tracker costs per call
         return dataclasses.replace(host, pack_us=0.0, save_us=0.0, record_callback_us=0.0,
+                                   frame_callback_us=0.0,
                                    native_us_per_call=0.0)
     # None: the runtime's default, native where built, its saved-tensor hooks on only where a
     # save is armed, backward gated ("native-gated"); "native-always": the native tracker
