@@ -194,15 +194,43 @@ def test_the_validation_table_shows_the_runtimes_own_host_share() -> None:
     assert runtime_own_us({**acts, "offloads": 0, "recomputed_calls": 0}) is None  # no plan
     assert runtime_own_us(None) is None
 
-    def row(executed: dict | None) -> dict:
+    def row(executed: dict | None, **extra: float) -> dict:
         return {"id": "x", "ok": True,
                 "predicted": {"iteration_time_us": 1e4, "peak_allocated_bytes": 2**30,
                               "fits": True},
                 "measured": {"iteration_time_us": 1e4, "peak_allocated_bytes": 2**30,
                              "fits": True, "executed": executed},
-                "error": {"iteration_time": 0.0, "peak_allocated": 0.0, "peak_reserved": 0.0}}
+                "error": {"iteration_time": 0.0, "peak_allocated": 0.0, "peak_reserved": 0.0},
+                **extra}
     summary = {"n": 2, "ok": 2, "time_mape": 0.0, "peak_mape": 0.0, "fits_correct": 2}
-    text = format_validation({"cases": [row(now), row(None)], "summary": summary}).splitlines()
-    assert text[1].split()[-1] == "4.0%" and text[2].split()[-1] == "-"
+    text = format_validation({"cases": [row(now, tracker_estimate_us=300.0), row(None)],
+                              "summary": summary}).splitlines()
+    # the own share, then with the native tracker's estimate added
+    assert text[1].split()[-2:] == ["4.0%", "7.0%"] and text[2].split()[-2:] == ["-", "-"]
     assert any(line.startswith("own:") and "median 4.0%" in line and "1 run(s)" in line
                for line in text)
+    assert any(line.startswith("+trk:") and "median 7.0%" in line for line in text)
+
+
+def test_the_tracker_estimate_counts_calls_through_its_key_and_saves() -> None:
+    """The native tracker's host time, outside the executor's timers: the H100 profile's
+    charge per call through its key (a gated backward's count) and per save; a run that
+    counted every call is charged its trace's counted calls; none for a Python-tracked run."""
+    from vsim.host import load_host_model
+    from vsim.trace import load_trace
+    from vsim.validate import tracker_estimate_us
+
+    host = load_host_model("h100-sxm")
+    assert host is not None and host.native_us_per_call > 0 and host.save_us > 0
+    trace = load_trace(Path(__file__).parent / "data" / "tiny.vsim.json")
+    ex = {"tracker": "native", "offloads": 1, "releases": 0, "drops": 0, "recomputed_calls": 0,
+          "executor_replay_call_us": 0.0, "executor_own_us": 10.0,
+          "executor_own_includes_replay": True, "packs": 10}
+    gated = {"executed": {**ex, "calls_through_tracker": 1000}}
+    assert tracker_estimate_us(gated, trace, "h100-sxm") == pytest.approx(
+        1000 * host.native_us_per_call + 10 * host.save_us)
+    every = tracker_estimate_us({"executed": ex}, trace, "h100-sxm")
+    assert every == pytest.approx(sum(host.counted(o) for o in trace.ops)
+                                  * host.native_us_per_call + 10 * host.save_us)
+    assert tracker_estimate_us({"executed": {**ex, "tracker": "python"}}, trace,
+                               "h100-sxm") is None

@@ -284,6 +284,28 @@ def runtime_own_share(measured: dict[str, Any]) -> float | None:
     return None if own is None or not it else own / it
 
 
+def tracker_estimate_us(measured: dict[str, Any], trace: Any, hardware: str) -> float | None:
+    """The native tracker's host time in a measured run of a plan that acts, estimated: it is
+    outside the executor's timers (`runtime_own_us`). Its counter per call through its key
+    (`executed.calls_through_tracker`; runs before the gated backward counted every call, the
+    trace's counted calls by the profile) at the run's hardware profile's
+    `native_us_per_call`, and the saved-tensor hooks at `save_us` per save
+    (`executed.packs`). None without a native run, or where the profile charges neither
+    (validation/host/waits/ measured them on the H100)."""
+    from .host import load_host_model
+
+    ex = measured.get("executed")
+    if not isinstance(ex, dict) or ex.get("tracker") != "native" or runtime_own_us(ex) is None:
+        return None
+    host = load_host_model(hardware)
+    if host is None or not (host.native_us_per_call and host.save_us):
+        return None
+    calls = ex.get("calls_through_tracker")
+    if calls is None:
+        calls = sum(host.counted(op) for op in trace.ops)
+    return host.native_us_per_call * calls + host.save_us * (ex.get("packs") or 0)
+
+
 def measured_tracker(measured: dict[str, Any]) -> str | None:
     """The op tracker the measured run's executor used (`executed.tracker`; runs before the
     native tracker used the Python one); None without an executor (the runtime's choice), and
@@ -402,6 +424,9 @@ def run_case(case: Case, first_iteration: bool | None = None,
                                           lo <= float(predicted["iteration_time_us"]) <= hi)
     if measured_digest and measured_digest != plan_digest(result.plan):
         row["plan_changed"] = True  # the policy plans differently now than the plan measured
+    tracker_us = tracker_estimate_us(measured, trace, case.hardware)
+    if tracker_us is not None:
+        row["tracker_estimate_us"] = round(tracker_us, 1)
     return row
 
 

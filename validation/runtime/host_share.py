@@ -5,12 +5,13 @@ waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026
 UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27):
 vsim.validate's `runtime_own_us`. That leaves out the native tracker itself (its counter on every
 counted call and the saved-tensor hooks, outside the executor's timers); the last column adds
-them: the counter as the run's hardware profile charges it (`native_us_per_call` per counted
-call of the run's trace, or per call through its key where the run counted them: a gated
-backward's), the hooks at the H100 profile's `save_us` per save the run made
-through them (`executed.packs`: every save before 2026-11-27T08:30, only around the calls with
-a save the plan acts on since). Measured on the H100 (validation/host/waits/), an estimate,
-not a timing of that run.
+them as vsim.validate's `tracker_estimate_us` does for `vsim validate`'s "+trk" column: the
+counter at the run's hardware profile's `native_us_per_call` per call through its key (a gated
+backward's count; before it, every counted call of the run's trace), the hooks at its
+`save_us` per save the run made through them (`executed.packs`: every save before
+2026-11-27T08:30, only around the calls with a save the plan acts on since). Measured on the
+H100 (validation/host/waits/), an estimate, not a timing of that run; the H200's profile
+charges neither, so its runs get none.
 Reads validation/measured/; writes nothing.
 
     python validation/runtime/host_share.py [--since 2026-11-26T08:40] [--hardware h100-sxm]
@@ -23,21 +24,12 @@ import glob
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
-from vsim.host import load_host_model
 from vsim.trace import load_trace
-from vsim.validate import runtime_own_us
+from vsim.validate import runtime_own_us, tracker_estimate_us
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def save_us() -> float:
-    """The saved-tensor hooks per save: the H100 profile's `save_us` (median of five models,
-    validation/host/waits/ README, section 2: 4.6-8.6 us), for every run: not measured on the
-    H200."""
-    host = load_host_model("h100-sxm")
-    assert host is not None and host.save_us > 0
-    return host.save_us
 
 
 def main() -> None:
@@ -46,20 +38,17 @@ def main() -> None:
     ap.add_argument("--hardware", default=None)
     args = ap.parse_args()
     rows = []
-    per_save = save_us()
-    tracker_us: dict[tuple[str, str], float] = {}  # (hardware, trace) -> the profile's charge
+    traces: dict[str, Any] = {}  # a run that counted every call is charged its trace's count
 
-    def counter(hardware: str, trace: str) -> float:
-        if (hardware, trace) not in tracker_us:
-            host = load_host_model(hardware)
-            ops = load_trace(ROOT / trace).ops
-            tracker_us[hardware, trace] = 0.0 if host is None else sum(
-                host.native_us_per_call * host.counted(o) for o in ops)
-        return tracker_us[hardware, trace]
+    class Trace:  # loaded only where the estimate needs the trace's ops
+        def __init__(self, path: str) -> None:
+            self.path = path
 
-    def per_call(hardware: str) -> float:
-        host = load_host_model(hardware)
-        return 0.0 if host is None else host.native_us_per_call
+        @property
+        def ops(self) -> Any:
+            if self.path not in traces:
+                traces[self.path] = load_trace(ROOT / self.path)
+            return traces[self.path].ops
 
     for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json"))):
         d = json.loads(Path(f).read_text())
@@ -73,12 +62,8 @@ def main() -> None:
             continue
         assert ex is not None
         native = ex.get("tracker") == "native"
-        # the counter: per call through the tracker's key where the run counted them (a gated
-        # backward, from 2026-11-28), else per counted call of the trace
-        through = ex.get("calls_through_tracker")
-        calls_us = (counter(d["hardware"], d["trace"]) if through is None else
-                    per_call(d["hardware"]) * through)
-        with_tracker = own + (calls_us + per_save * (ex.get("packs") or 0) if native else 0.0)
+        estimate = tracker_estimate_us(d, Trace(d["trace"]), d["hardware"])
+        with_tracker = own + (estimate or 0.0)
         tracker = f"native ({ex.get('native_hooks', 'always')})" if native else ex.get("tracker")
         rows.append((d["id"], ex["executor_host_us"] / it, own / it, tracker, with_tracker / it))
     if not rows:

@@ -132,16 +132,21 @@ def format_validation(result: dict[str, Any]) -> str:
     from ..validate import runtime_own_share
 
     lines = [f"{'case':38} {'time pred':>10} {'meas':>10} {'err':>7}  {'peak pred':>10} "
-             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok   own"]
+             f"{'meas':>10} {'err':>7}  {'resv err':>8}  fits  ok   own  +trk"]
     shares: list[float] = []
     native: list[float] = []  # runs of the runtime with the C++ actions
+    tracked: list[float] = []  # their own share with the tracker's estimate added
     for r in result["cases"]:
         p, m, e = r["predicted"], r["measured"], r["error"]
         own = runtime_own_share(m)  # the runtime's own host share of the measured iteration
+        with_tracker = None
         if own is not None:
             shares.append(own)
             if "executor_event_us" in (m.get("executed") or {}):
                 native.append(own)
+            if "tracker_estimate_us" in r:
+                with_tracker = own + r["tracker_estimate_us"] / m["iteration_time_us"]
+                tracked.append(with_tracker)
         fits = ("plan!" if "plan_error" in r else
                 ("yes" if p["fits"] else "no") + ("" if p["fits"] == bool(m["fits"]) else "!"))
         lines.append(
@@ -152,7 +157,8 @@ def format_validation(result: dict[str, Any]) -> str:
             f"{_or_dash(format_size, m['peak_allocated_bytes']):>10} "
             f"{pct(e['peak_allocated']):>7}  "
             f"{pct(e['peak_reserved']):>8}  {fits:4}  {'ok' if r['ok'] else 'MISS':4} "
-            f"{_or_dash(lambda x: f'{100 * x:.1f}%', own):>5}"
+            f"{_or_dash(lambda x: f'{100 * x:.1f}%', own):>5} "
+            f"{_or_dash(lambda x: f'{100 * x:.1f}%', with_tracker):>5}"
             + (" *" if r.get("plan_changed") else ""))
     lines += [f"{r['id']}: the policy's plan does not run: {r['plan_error']}"
               for r in result["cases"] if "plan_error" in r]
@@ -170,6 +176,12 @@ def format_validation(result: dict[str, Any]) -> str:
         lines.append("  (the executor's timed work only: the native tracker's counter and saved-"
                      "tensor hooks, 1.8-3.6 us per counted call and 4.6-8.6 us per save on the "
                      "H100, are not in it; validation/host/waits/)")
+    if tracked:
+        lines.append(
+            f"+trk: with the tracker's estimate added (the profile's charge per call through "
+            f"its key and per save), {len(tracked)} native run(s): median "
+            f"{100 * statistics.median(tracked):.1f}%, largest {100 * max(tracked):.1f}%, "
+            f"over 10% in {sum(x > 0.1 for x in tracked)}")
     if s.get("with_repeats"):
         lines.append(f"the measured runs' own iterations vary by a median "
                      f"{pct(s['median_repeat_spread']).lstrip('+')} (max - min over median, "
