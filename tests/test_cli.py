@@ -135,13 +135,14 @@ def test_console_entry_point_runs():
 
 def test_run_draws_the_timing_where_a_plan_fits_a_capacity_that_binds(capsys):
     wide = str(ROOT / "traces" / "wide_resnet50_2-b64-h100.vsim.json.gz")
-    args = ["run", wide, "--hw", "h100-sxm", "--memory", "5.8GiB", "--policy", "hybrid"]
+    args = ["run", wide, "--hw", "h100-sxm", "--memory", "5.7GiB", "--policy", "hybrid"]
     report = run_json(capsys, *args)
     draws = report["timing_draws"]
     assert report["fits"] and draws["draws"] == 3 and 0 <= draws["fit"] <= 3
     assert (draws["fit"] < 3) == any("fits the recorded timing, but" in n
                                      for n in report["notes"])
-    # the plan for 5.8 GiB fits 1 of 3 draws: the one for 3% less, all 3 (docs/design.md)
+    # the plan for 5.7 GiB fits at most 1 of 3 draws: the one for 3% less, all 3
+    # (docs/design.md; 5.8 GiB before the runtime's cheaper tracker)
     assert draws["fit"] == 3 and draws["margin"] == 0.03
     assert any("3% below the capacity" in n for n in report["notes"])
     assert "timing_draws" not in run_json(capsys, *args, "--draws", "0")

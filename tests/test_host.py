@@ -227,7 +227,9 @@ def test_runtime_cost_can_be_switched_off() -> None:
     runs = {cost: simulate(trace, hw, make_policy("superneurons"), make_allocator("caching"),
                            6 << 30, runtime_cost=cost).report["iteration_time_us"]
             for cost in (None, False)}
-    assert runs[None] > runs[False] * 1.15  # 36 ms against 29 ms (native tracker)
+    # 33 ms against 29 ms (the native tracker, backward gated, saves from their frames; 36 ms
+    # when it counted every call and hooked the saves)
+    assert runs[None] > runs[False] * 1.10
     assert time.perf_counter() - t0 < 30
 
 

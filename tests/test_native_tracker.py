@@ -118,8 +118,10 @@ def _native(*runs: dict) -> None:
 
 
 @pytest.mark.parametrize("policy", ["vdnn:mode=all", "layrub"])
-def test_offload_plans_run_natively_with_the_same_gradients(cnn, policy: str) -> None:
+def test_offload_plans_run_natively_with_the_same_gradients(cnn, monkeypatch,
+                                                           policy: str) -> None:
     trace, s = cnn
+    monkeypatch.setenv("VSIM_NATIVE_SAVED", "hooks")  # the saves' hooks (frames: below)
     cap = _cap(trace)
     got = s.run(policy, cap, iters=2, warmup=1)
     ref = s.run(policy, cap, iters=2, warmup=1, tracker="python")
@@ -194,6 +196,7 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
     (the hooks on throughout)."""
     trace, s = cnn
     cap = _cap(trace)
+    monkeypatch.setenv("VSIM_NATIVE_SAVED", "hooks")
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "always")
     ref = s.run(policy, cap, iters=2, warmup=1)
     monkeypatch.setenv("VSIM_NATIVE_HOOKS", "armed")
@@ -211,11 +214,13 @@ def test_native_iterations_hook_only_the_calls_with_an_armed_save(cnn, monkeypat
 @pytest.mark.parametrize("policy", ["superneurons", "layrub"])
 def test_saved_tensors_from_their_frames_act_as_from_the_hooks(cnn, monkeypatch,
                                                                policy: str) -> None:
-    """VSIM_NATIVE_SAVED=frames: a tensor the plan acts on that its counted call does not
-    return (max pooling's indices here) comes from the frame of its own call, not from the
-    saved-tensor hooks: none armed, the same actions, gradients bitwise equal."""
+    """VSIM_NATIVE_SAVED=frames (the default): a tensor the plan acts on that its counted call
+    does not return (max pooling's indices here) comes from the frame of its own call, not
+    from the saved-tensor hooks (VSIM_NATIVE_SAVED=hooks): none armed, the same actions,
+    gradients bitwise equal."""
     trace, s = cnn
     cap = _cap(trace)
+    monkeypatch.setenv("VSIM_NATIVE_SAVED", "hooks")
     ref = s.run(policy, cap, iters=2, warmup=1)
     monkeypatch.setenv("VSIM_NATIVE_SAVED", "frames")
     got = s.run(policy, cap, iters=2, warmup=1)

@@ -83,11 +83,13 @@ def test_validate_gives_the_verdict_most_draws_give() -> None:
 
 
 def test_simulate_plans_with_a_margin_when_most_draws_run_out_of_memory() -> None:
-    """wide_resnet50_2 hybrid at 5.8 GiB: its plan fits the recorded timing and 1 of 3 draws;
-    the plan for 3% less fits all 3, and is the result, with a note."""
+    """wide_resnet50_2 hybrid at 5.7 GiB: its plan fits the recorded timing and at most 1 of 3
+    draws; the plan for 3% less fits all 3, and is the result, with a note. (5.8 GiB was the
+    place under the runtime before the gated backward and the saves from frames; its cheaper
+    host costs moved it.)"""
     from vsim.engine import simulate
     trace = load_trace(ROOT / "traces" / "wide_resnet50_2-b64-h100.vsim.json.gz")
-    cap = int(5.8 * 2**30)
+    cap = int(5.7 * 2**30)
     plain = simulate(trace, HW, make_policy("hybrid"), CACHING, cap)
     drawn = simulate(trace, HW, make_policy("hybrid"), CACHING, cap, draws=3)
     assert "timing_draws" not in plain.report and plain.report["fits"]

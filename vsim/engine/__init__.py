@@ -214,13 +214,14 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
         return dataclasses.replace(host, pack_us=0.0, save_us=0.0, record_callback_us=0.0,
                                    frame_callback_us=0.0,
                                    native_us_per_call=0.0)
-    # None: the runtime's default, native where built, its saved-tensor hooks on only where a
-    # save is armed, backward gated ("native-gated"); "native-always": the native tracker
-    # before 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those
-    # saves taken from their calls' frames
+    # None: the runtime's default, native where built, the saves a plan acts on taken from
+    # their calls' frames, backward gated ("native-frames-gated"); "native": the saved-tensor
+    # hooks on only where a save is armed; "native-always": the native tracker before
+    # 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those saves taken
+    # from their calls' frames
     # (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes without an action
     # untracked (VSIM_NATIVE_GATE=nodes)
-    name = tracker or "native-gated"
+    name = tracker or "native-frames-gated"
     gated = name.endswith("-gated")
     name = name.removesuffix("-gated")
     hooks = {"native-always": "always", "native-frames": "frames"}.get(name, "armed")
@@ -264,8 +265,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     forward ops with a save the plan acts on; "native-always" (the native tracker before
     2026-11-27T08:30) the hooks on every forward op; a "-gated" suffix ("native-gated") counts
     only the backward ops the plan acts at, and those from their first call to their first
-    (hostclock.gated_calls; VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None: "native-gated",
-    as the runtime's default ("auto") runs every plan where the native tracker builds.
+    (hostclock.gated_calls; VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None:
+    "native-frames-gated", as the runtime's default ("auto") runs every plan where the native tracker builds.
     Planning profiling runs use the same tracker (planning_runner), so that a plan is judged
     under the host costs it runs with.
 
