@@ -34,7 +34,6 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -70,7 +69,8 @@ def thin(front: list[tuple[int, float, int, int]], most: int
     fronts of a densely connected network (DenseNet-121: every layer's maps read by all later
     ones of its block) grew to thousands of points and the DP ran for minutes; with the
     slices, it is near-linear in the cuts, and the engine then judges its plan among the
-    every-k ones (Checkpointing.plan_with)."""
+    every-k ones (Checkpointing.plan_with). (Segmenter.optimal thins the same way on arrays;
+    this is the definition its test holds it to.)"""
     if len(front) <= most:
         return front
     lo, hi = front[0][0], front[-1][0]
@@ -84,8 +84,12 @@ def thin(front: list[tuple[int, float, int, int]], most: int
     return out
 
 
-_Row = tuple[int, list[tuple[int, int, int, float]]]
-"""A cut b and, per segment (a, b) the DP weighs, (a, own peak, kept bytes, recompute us)."""
+_NO_BYTES = 1 << 62
+"""Bytes of the DP's padding points (past a front's end): above every limit."""
+
+_Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per segment (a, b) the DP weighs (Segmenter._entry_keys' order): its own peak, the bytes it
+keeps and its recomputation time (Segmenter._dp_rows)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,9 @@ class Segmenter:
         self._cache: dict[tuple[int, int], SegmentCost] = {}
         self._peaks: dict[tuple[int, int, int], int] = {}
         # per base profile (by id; the Segmenter keeps its own): the DP's rows (_dp_rows)
-        self._rows: dict[int, tuple[np.ndarray, list[_Row]]] = {}
+        self._rows: dict[int, tuple[np.ndarray, _Rows]] = {}
+        # per base profile (by id): the highest budget for which the DP found no segmentation
+        self._infeasible: dict[int, tuple[np.ndarray, int]] = {}
         self._base: np.ndarray | None = None
         self.durs = {r.op: r.dur_us for r in self.retimes}
         self._durs: np.ndarray | None = None  # dur_array()
@@ -420,59 +426,110 @@ class Segmenter:
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
         Model: while segment s's maps live, the device holds the profile without feature maps,
-        s's own maps (own_peak) and the checkpoints of the segments before it."""
-        n = self.n
-        # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
-        fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
-            [[] for _ in range(n)]
-        # each front's bytes, ascending: the points that fit with a segment are a prefix
-        front_bytes: list[list[int]] = [[0]] + [[] for _ in range(n)]
-        bisect_right = bisect.bisect_right
-        for b, row in self._dp_rows(base):
-            options: list[tuple[int, float, int, int]] = []
-            for a, peak, kept, rc in row:
-                if not fronts[a]:
-                    continue
-                k = bisect_right(front_bytes[a], budget - peak)
-                if not k:
-                    continue
-                options += [(before + kept, t + rc, a, idx)
-                            for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
-            # by (bytes, time), ties in the order appended (a, then idx, both ascending): the
-            # tuples' own order, without a key function per option (a third of a warm DP)
-            options.sort()
-            front: list[tuple[int, float, int, int]] = []
-            fastest = math.inf  # front[-1]'s time
-            for o in options:
-                if o[1] < fastest:
-                    front.append(o)
-                    fastest = o[1]
-            fronts[b] = thin(front, FRONT_POINTS)
-            front_bytes[b] = [p[0] for p in fronts[b]]
-        if not fronts[n]:
+        s's own maps (own_peak) and the checkpoints of the segments before it.
+
+        The DP keeps, per cut b, the Pareto front of (checkpoint bytes so far, time) over the
+        segmentations of candidates 0..b-1 that fit, each point with the segment (a, b) and the
+        point of a's front it extends, thinned to FRONT_POINTS (`thin`). Each cut's options
+        are the points of its segments' starts' fronts that fit with the segment (a prefix:
+        the fronts are sorted by bytes), ordered by (bytes, time, a, index), as tuples would
+        be; a point is on the front when faster than every option before it. (As arrays, one
+        cut at a time: the DP runs for many budgets, 189 times on inception_v3 at 0.3 of its
+        peak, and as lists of tuples it was half of that planning.)
+
+        Whether any segmentation fits is monotone in the budget: the fewest-bytes point of
+        every front is kept (by the Pareto filter and by `thin`), and the least checkpoint
+        bytes reachable at each cut only grow as the budget falls, so the segments that fit
+        only shrink. A budget at or below one that found none finds none (not run again)."""
+        got = self._infeasible.get(id(base))
+        if got is not None and got[0] is base and budget <= got[1]:
             return None
-        best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
+        n, most = self.n, FRONT_POINTS
+        # fronts as arrays: per cut, its points' bytes (padded past its length by a value no
+        # limit reaches), times, segment starts and indices in the start's front
+        fb = np.full((n + 1, most), _NO_BYTES, dtype=np.int64)
+        ft = np.zeros((n + 1, most), dtype=np.float64)
+        fa = np.zeros((n + 1, most), dtype=np.int64)
+        fi = np.zeros((n + 1, most), dtype=np.int64)
+        size = [0] * (n + 1)
+        fb[0, 0], size[0] = 0, 1
+        lexsort, nonzero, minacc = np.lexsort, np.nonzero, np.minimum.accumulate
+        own, keeps, times = self._dp_rows(base)
+        for b, among, starts, lo, hi in self._dp_layout():
+            if not any(size[a] for a in among):  # (no start reached: past where none fit)
+                continue
+            kept, rcs = keeps[lo:hi], times[lo:hi]
+            pb = fb[starts]
+            fit = pb <= (budget - own[lo:hi])[:, None]
+            r, c = nonzero(fit)
+            if not len(r):
+                continue
+            a = starts[r]
+            ob = pb[r, c] + kept[r]
+            ot = ft[a, c] + rcs[r]
+            order = lexsort((ot, ob))  # (stable: ties in the order of (a, index))
+            t = ot[order]
+            keep = np.empty(len(t), dtype=bool)
+            keep[0] = True
+            if len(t) > 1:
+                np.less(t[1:], minacc(t)[:-1], out=keep[1:])
+            sel = order[keep]
+            m = len(sel)
+            if m > most:  # thin(): the first point, then the last of each slice of the bytes
+                byt = ob[sel]
+                least = int(byt[0])
+                width = max(1, (int(byt[-1]) - least) // (most - 1) + 1)
+                sl = (byt - least) // width
+                last = np.empty(m, dtype=bool)
+                last[0] = True
+                np.not_equal(sl[1:-1], sl[2:], out=last[1:-1])
+                last[-1] = True
+                sel = sel[last]
+                m = len(sel)
+            fb[b, :m], ft[b, :m], fa[b, :m], fi[b, :m] = ob[sel], ot[sel], a[sel], c[sel]
+            size[b] = m
+        if not size[n]:
+            self._infeasible[id(base)] = (base, budget if got is None else max(budget, got[1]))
+            return None
+        front = list(zip(ft[n, :size[n]].tolist(), fb[n, :size[n]].tolist(), strict=True))
+        best = min(range(len(front)), key=front.__getitem__)
         cuts, b, i = [], n, best
         while b > 0:
             cuts.append(b)
-            _, _, a, i = fronts[b][i]
-            b = a
+            b, i = int(fa[b, i]), int(fi[b, i])
         return sorted(cuts)
 
-    def _dp_rows(self, base: np.ndarray) -> list[_Row]:
-        """Per cut b of the grid, per segment (a, b) the DP weighs: (a, own_peak, the bytes it
-        keeps, its recomputation time), which depend on neither the budget nor the fronts:
-        built once per base profile (the DP runs for many budgets), in the DP's order."""
+    def _dp_layout(self) -> list[tuple[int, tuple[int, ...], np.ndarray, int, int]]:
+        """Per cut b of the grid, in the DP's order: the starts a of the segments ending there
+        (a tuple, and an array) and where its segments lie in _entry_keys' order (memoised on
+        the view)."""
+        got = self.view.memo.get("dp layout")
+        if got is None:
+            got, lo = [], 0
+            for b, starts in self._segments():
+                got.append((b, tuple(starts), np.array(starts, dtype=np.int64), lo,
+                            lo + len(starts)))
+                lo += len(starts)
+            self.view.memo["dp layout"] = got
+        layout: list[tuple[int, tuple[int, ...], np.ndarray, int, int]] = got
+        return layout
+
+    def _dp_rows(self, base: np.ndarray) -> _Rows:
+        """Per segment (a, b) the DP weighs (_entry_keys' order): own_peak, the bytes it keeps
+        and its recomputation time, which depend on neither the budget nor the fronts: built
+        once per base profile (the DP runs for many budgets)."""
         got = self._rows.get(id(base))
         if got is None or got[0] is not base:
-            built: list[tuple[Segmenter, np.ndarray, list[_Row]]] = \
+            built: list[tuple[Segmenter, np.ndarray, _Rows]] = \
                 self.view.memo.setdefault("dp rows", [])
             near = min(((self._changed_ops(seg), seg, b, r) for seg, b, r in built),
                        key=lambda x: len(x[0]), default=None)
             rows = self._rows_from(*near, base) if near is not None else None
             if rows is None:
-                rows = [(b, [self._row_entry(a, b, base) for a in cuts])
-                        for b, cuts in self._segments()]
+                entries = [self._row_entry(a, b, base) for a, b in self._entry_keys()]
+                rows = (np.array([e[0] for e in entries], dtype=np.int64).reshape(-1),
+                        np.array([e[1] for e in entries], dtype=np.int64).reshape(-1),
+                        np.array([e[2] for e in entries], dtype=np.float64).reshape(-1))
             got = self._rows[id(base)] = (base, rows)
             # Every one built is kept (each Segmenter, memoised on the view, holds its rows
             # anyway): the nearest is often not among the last few. The ladder's rungs repeat
@@ -493,13 +550,13 @@ class Segmenter:
         grid = [0, *self.grid]
         return [(grid[j], grid[max(0, j - self.max_len):j]) for j in range(1, len(grid))]
 
-    def _row_entry(self, a: int, b: int, base: np.ndarray) -> tuple[int, int, int, float]:
+    def _row_entry(self, a: int, b: int, base: np.ndarray) -> tuple[int, int, float]:
         c = self.cost(a, b)
-        return (a, self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
+        return (self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
                 c.recompute_us if c.valid else 0.0)
 
     def _rows_from(self, changed: set[int], other: Segmenter, other_base: np.ndarray,
-                   other_rows: list[_Row], base: np.ndarray) -> list[_Row] | None:
+                   other_rows: _Rows, base: np.ndarray) -> _Rows | None:
         """The DP's rows for `base`, from another Segmenter's of the same view (`_dp_rows` of
         `other_base`; `changed`: _changed_ops(other)): only the segments that recompute a
         changed op, or whose own slots hold bytes that differ between the bases, are costed
@@ -536,7 +593,7 @@ class Segmenter:
         # their own maps plus the base over their slots, the transient bytes added at the
         # recomputation's slot
         redo = np.flatnonzero(hit | again).tolist()
-        peaks: dict[int, int] = {}
+        own, kept, rcs = (x.copy() for x in other_rows)
         if redo:
             parts = [self._own_profile(*keys[i]) for i in redo]
             lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
@@ -551,25 +608,17 @@ class Segmenter:
             top = np.zeros(len(redo), dtype=np.int64)
             if full.any():
                 top[full] = np.maximum.reduceat(vals, starts[full])
-            peaks = dict(zip(redo, top.tolist(), strict=True))
-        rows, i = [], 0
-        for b, row in other_rows:
-            new = []
-            for entry in row:
-                if i not in peaks:
-                    new.append(entry)
-                elif not rechained[i]:  # its chain runs the same ops: the same cost
-                    if (entry[0], b) in theirs:
-                        self._cache.setdefault((entry[0], b), theirs[(entry[0], b)])
-                    new.append((entry[0], peaks[i], entry[2], entry[3]))
-                else:
-                    c = self.cost(entry[0], b)
-                    new.append((entry[0], peaks[i],
-                                c.kept_bytes + (0 if c.valid else c.dropped_bytes),
-                                c.recompute_us if c.valid else 0.0))
-                i += 1
-            rows.append((b, new))
-        return rows
+            own[redo] = top
+        for i in redo:
+            key = keys[i]
+            if not rechained[i]:  # its chain runs the same ops: the same cost
+                if key in theirs:
+                    self._cache.setdefault(key, theirs[key])
+            else:
+                c = self.cost(*key)
+                kept[i] = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
+                rcs[i] = c.recompute_us if c.valid else 0.0
+        return own, kept, rcs
 
     def _entry_keys(self) -> list[tuple[int, int]]:
         """The DP's segments (a, b) in its rows' order, the same for every Segmenter of the
