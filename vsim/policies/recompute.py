@@ -100,7 +100,11 @@ class _Shape:
     kept_bytes: int
     dropped_bytes: int
     valid: bool
-    transient: frozenset[int]  # what the recomputation writes that is not on the device
+    # what the recomputation writes that is not on the device: its bytes, and of them the
+    # workspaces, as (their convolution, bytes): those of a convolution run without its
+    # workspace do not count (per retimes, Segmenter._transient)
+    transient_bytes: int
+    transient_workspaces: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,6 @@ class Segmenter:
         self.retimes = tuple(retimes)
         self.no_workspace = {r.op for r in retimes if r.workspace_bytes == 0}
         self._cache: dict[tuple[int, int], SegmentCost] = {}
-        self._peaks: dict[tuple[int, int, int], int] = {}
         # per base profile (by id; the Segmenter keeps its own): the DP's rows (_dp_rows)
         self._rows: dict[int, tuple[np.ndarray, _Rows]] = {}
         # per base profile (by id): the highest budget for which the DP found no segmentation
@@ -252,7 +255,7 @@ class Segmenter:
         kb = sum(tensor[t].size_bytes for t in kept)
         db = sum(tensor[t].size_bytes for t in dropped)
         if not dropped:
-            return _Shape((), (), None, kb, 0, True, frozenset())
+            return _Shape((), (), None, kb, 0, True, 0, ())
         drop_set = set(dropped)
         before = min((n for t in dropped if (n := self.first_need[t]) is not None),
                      key=view.pos.__getitem__)
@@ -269,9 +272,12 @@ class Segmenter:
         valid = all(alloc[t] <= slot < free[t] and t not in drop_set for t in inputs) \
             and not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
-        transient = frozenset(t for t in written
-                              if t not in drop_set and not alloc[t] <= slot < free[t])
-        return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
+        transient = [tensor[t] for t in written
+                     if t not in drop_set and not alloc[t] <= slot < free[t]]
+        return _Shape(tuple(dropped), chain, before, kb, db, valid,
+                      sum(t.size_bytes for t in transient),
+                      tuple((t.producer, t.size_bytes) for t in transient
+                            if t.kind == "workspace" and t.producer is not None))
 
     def _fwd_ops(self) -> tuple[list[int], list[int]]:
         """The forward layers' ops in layer order, and where each layer's start (memoised on
@@ -290,7 +296,7 @@ class Segmenter:
         sh = self._shape(a, b)
         if not sh.dropped:
             return SegmentCost((), (), None, sh.kept_bytes, 0, 0, 0.0, True)
-        transient = self._transient(sh.transient)
+        transient = self._transient(sh)
         # (fsum is exact whatever the order: the same sum as over the chain's ops one by one)
         us = math.fsum(self.dur_array()[self._chain_pos(a, b)].tolist())
         return SegmentCost(sh.dropped, sh.chain, sh.before_op, sh.kept_bytes, sh.dropped_bytes,
@@ -319,10 +325,11 @@ class Segmenter:
                                           dtype=np.int64)
         return got
 
-    def _transient(self, written: frozenset[int]) -> int:
-        view = self.view
-        return sum(view.tensor[t].size_bytes for t in written if not (
-            view.tensor[t].kind == "workspace" and view.tensor[t].producer in self.no_workspace))
+    def _transient(self, sh: _Shape) -> int:
+        """The bytes the segment's recomputation allocates only while it runs, under these
+        retimes: the workspaces of convolutions run without theirs taken off."""
+        skip = self.no_workspace
+        return sh.transient_bytes - sum(b for o, b in sh.transient_workspaces if o in skip)
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
@@ -371,31 +378,50 @@ class Segmenter:
                          back[act.tensor])
         return u
 
-    def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
-        key = (a, b, id(base))
-        if key not in self._peaks:
-            idx, own, rc = self._own_profile(a, b)
-            if not len(idx):
-                self._peaks[key] = 0
-            else:
-                prof = own + base[idx]
-                if rc is not None:
-                    prof[rc] += self.cost(a, b).transient_bytes
-                self._peaks[key] = int(prof.max())
-        return self._peaks[key]
+    def _peaks(self, entries: list[int], trans: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """The own peaks of the DP's segments `entries` (indices in _entry_keys' order), at
+        once: while a segment's maps live, its own maps (_new_own_profile) plus `base` over its
+        slots, with its recomputation's transient bytes (`trans`, per entry) at the
+        recomputation's slot; 0 for a segment with no slots."""
+        slots, own, start, size, rc = self._entry_profiles()
+        top = np.zeros(len(entries), dtype=np.int64)
+        if not entries:
+            return top
+        e = np.array(entries, dtype=np.int64)
+        lens = size[e]
+        offs = np.cumsum(lens) - lens  # each entry's first value in `vals`
+        if len(e) == len(size):  # every entry, in order: the profiles as they lie
+            vals = own + base[slots]
+        else:
+            at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+            vals = own[at] + base[slots[at]]
+        has = rc[e] >= 0
+        vals[(offs + rc[e])[has]] += trans[e[has]]
+        full = lens > 0
+        if full.any():
+            top[full] = np.maximum.reduceat(vals, offs[full])
+        return top
 
-    def _own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """The segment's own maps over the slots that count for it (own_peak), as (slots, bytes
-        of its own maps there, index of the recomputation's slot among them or None):
-        independent of the algorithms, memoised on the view."""
-        memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int | None]] = \
-            self.view.memo.setdefault("segment profiles", {})
-        if (a, b) not in memo:
-            memo[(a, b)] = self._new_own_profile(a, b)
-        return memo[(a, b)]
+    def _entry_profiles(self) -> tuple[np.ndarray, ...]:
+        """Every DP segment's own maps over the slots that count for it (_peaks), in
+        _entry_keys' order, concatenated: the slots, the bytes of its own maps there, and per
+        segment where its slots start, how many, and the index of the recomputation's slot
+        among them (-1: none). Independent of the algorithms: memoised on the view."""
+        got = self.view.memo.get("segment profiles")
+        if got is None:
+            parts = [self._new_own_profile(a, b) for a, b in self._entry_keys()]
+            size = np.array([len(p[0]) for p in parts], dtype=np.int64).reshape(-1)
+            got = self.view.memo["segment profiles"] = (
+                np.concatenate([p[0] for p in parts]).astype(np.int64),
+                np.concatenate([p[1] for p in parts]).astype(np.int64),
+                np.cumsum(size) - size, size,
+                np.array([-1 if p[2] is None else p[2] for p in parts],
+                         dtype=np.int64).reshape(-1))
+        profiles: tuple[np.ndarray, ...] = got
+        return profiles
 
     def _new_own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """Highest bytes on the device while the segment's feature maps live (own_peak): the
+        """Highest bytes on the device while the segment's feature maps live (_peaks): the
         profile without feature maps (`base`) plus the segment's own maps, kept ones from
         their allocation to their free, dropped ones until their drop and again from the
         recomputation (with its transient intermediates). Here: the own maps' part."""
@@ -426,7 +452,7 @@ class Segmenter:
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
         Model: while segment s's maps live, the device holds the profile without feature maps,
-        s's own maps (own_peak) and the checkpoints of the segments before it.
+        s's own maps (_peaks) and the checkpoints of the segments before it.
 
         The DP keeps, per cut b, the Pareto front of (checkpoint bytes so far, time) over the
         segmentations of candidates 0..b-1 that fit, each point with the segment (a, b) and the
@@ -515,7 +541,7 @@ class Segmenter:
         return layout
 
     def _dp_rows(self, base: np.ndarray) -> _Rows:
-        """Per segment (a, b) the DP weighs (_entry_keys' order): own_peak, the bytes it keeps
+        """Per segment (a, b) the DP weighs (_entry_keys' order): its own peak, the bytes it keeps
         and its recomputation time, which depend on neither the budget nor the fronts: built
         once per base profile (the DP runs for many budgets)."""
         got = self._rows.get(id(base))
@@ -526,10 +552,14 @@ class Segmenter:
                        key=lambda x: len(x[0]), default=None)
             rows = self._rows_from(*near, base) if near is not None else None
             if rows is None:
-                entries = [self._row_entry(a, b, base) for a, b in self._entry_keys()]
-                rows = (np.array([e[0] for e in entries], dtype=np.int64).reshape(-1),
-                        np.array([e[1] for e in entries], dtype=np.int64).reshape(-1),
-                        np.array([e[2] for e in entries], dtype=np.float64).reshape(-1))
+                every = list(range(len(self._entry_keys())))
+                trans, rcs = self._recosted(every)
+                self._trans = np.array(trans, dtype=np.int64).reshape(-1)
+                shapes = [self._shape(a, b) for a, b in self._entry_keys()]
+                rows = (self._peaks(every, self._trans, base),
+                        np.array([sh.kept_bytes + (0 if sh.valid else sh.dropped_bytes)
+                                  for sh in shapes], dtype=np.int64).reshape(-1),
+                        np.array(rcs, dtype=np.float64).reshape(-1))
             got = self._rows[id(base)] = (base, rows)
             # Every one built is kept (each Segmenter, memoised on the view, holds its rows
             # anyway): the nearest is often not among the last few. The ladder's rungs repeat
@@ -549,11 +579,6 @@ class Segmenter:
         """The DP's segments, per cut b of the grid the starts a of those ending there."""
         grid = [0, *self.grid]
         return [(grid[j], grid[max(0, j - self.max_len):j]) for j in range(1, len(grid))]
-
-    def _row_entry(self, a: int, b: int, base: np.ndarray) -> tuple[int, int, float]:
-        c = self.cost(a, b)
-        return (self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
-                c.recompute_us if c.valid else 0.0)
 
     def _rows_from(self, changed: set[int], other: Segmenter, other_base: np.ndarray,
                    other_rows: _Rows, base: np.ndarray) -> _Rows | None:
@@ -586,39 +611,57 @@ class Segmenter:
         # changed (only those recompute a changed op, the same ops at the same costs else)
         theirs = other._cache  # noqa: SLF001
         trans = other._transients().copy()  # noqa: SLF001
-        for i in np.flatnonzero(again).tolist():
-            trans[i] = self.cost(*keys[i]).transient_bytes
+        own, kept, rcs = (x.copy() for x in other_rows)
+        rechain = np.flatnonzero(again).tolist()
+        # (the bytes it keeps depend on its shape alone: as they were)
+        trans[rechain], rcs[rechain] = self._recosted(rechain)
         self._trans = trans
-        # The own peaks of the entries costed again, at once (own_peak's sums, as arrays):
+        # The own peaks of the entries costed again, at once (_peaks):
         # their own maps plus the base over their slots, the transient bytes added at the
         # recomputation's slot
         redo = np.flatnonzero(hit | again).tolist()
-        own, kept, rcs = (x.copy() for x in other_rows)
-        if redo:
-            parts = [self._own_profile(*keys[i]) for i in redo]
-            lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
-            ends = np.cumsum(lens)
-            starts = ends - lens
-            vals = np.concatenate([p[1] for p in parts]) + \
-                base[np.concatenate([p[0] for p in parts])]
-            for j, (i, p) in enumerate(zip(redo, parts, strict=True)):
-                if p[2] is not None:
-                    vals[starts[j] + p[2]] += trans[i]
-            full = lens > 0
-            top = np.zeros(len(redo), dtype=np.int64)
-            if full.any():
-                top[full] = np.maximum.reduceat(vals, starts[full])
-            own[redo] = top
+        own[redo] = self._peaks(redo, trans, base)
         for i in redo:
             key = keys[i]
-            if not rechained[i]:  # its chain runs the same ops: the same cost
-                if key in theirs:
-                    self._cache.setdefault(key, theirs[key])
-            else:
-                c = self.cost(*key)
-                kept[i] = c.kept_bytes + (0 if c.valid else c.dropped_bytes)
-                rcs[i] = c.recompute_us if c.valid else 0.0
+            if not rechained[i] and key in theirs:  # its chain runs the same ops: the same cost
+                self._cache.setdefault(key, theirs[key])
         return own, kept, rcs
+
+    def _recosted(self, entries: list[int]) -> tuple[list[int], list[float]]:
+        """Of the DP's segments `entries` (indices in _entry_keys' order): their transient
+        bytes and recomputation time as the rows hold them (cost()'s, 0 where the segment
+        cannot be recomputed), without a SegmentCost each: the chains' durations gathered at
+        once, each summed with fsum (cost()'s sum, exact whatever the order)."""
+        if not entries:
+            return [], []
+        keys, shape, transient = self._entry_keys(), self._shape, self._transient
+        flat, start, size = self._entry_chains()
+        e = np.array(entries, dtype=np.int64)
+        lens = size[e]
+        offs = (np.cumsum(lens) - lens).tolist()
+        at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        durs = self.dur_array()[flat[at]].tolist()
+        trans, rcs = [], []
+        fsum = math.fsum
+        for i, o, n in zip(entries, offs, lens.tolist(), strict=True):
+            sh = shape(*keys[i])
+            trans.append(transient(sh))
+            rcs.append(fsum(durs[o:o + n]) if sh.dropped and sh.valid else 0.0)
+        return trans, rcs
+
+    def _entry_chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every DP segment's recomputation chain as trace positions, in _entry_keys' order,
+        concatenated, with where each starts and its length (memoised on the view)."""
+        got = self.view.memo.get("entry chains")
+        if got is None:
+            pos = self.view.pos
+            chains = [self._shape(a, b).chain for a, b in self._entry_keys()]
+            size = np.array([len(c) for c in chains], dtype=np.int64).reshape(-1)
+            got = self.view.memo["entry chains"] = (
+                np.array([pos[o] for c in chains for o in c], dtype=np.int64).reshape(-1),
+                np.cumsum(size) - size, size)
+        flat: tuple[np.ndarray, np.ndarray, np.ndarray] = got
+        return flat
 
     def _entry_keys(self) -> list[tuple[int, int]]:
         """The DP's segments (a, b) in its rows' order, the same for every Segmenter of the
