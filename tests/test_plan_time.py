@@ -272,3 +272,24 @@ def test_the_dp_on_arrays_gives_the_cuts_of_the_dp_on_tuples(name: str) -> None:
             assert cuts == _reference_optimal(seg, budget, base), budget
             found[cuts is None] += 1
     assert found[True] and found[False]
+
+
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100"])
+def test_a_segments_chain_is_the_one_rebuild_chain_gives(name: str) -> None:
+    """The DP's segment shapes walk their chains over per-view tables
+    (Segmenter._rebuild_chain): every segment's chain is planning.rebuild_chain's over the
+    segment's forward ops."""
+    from vsim.policies.planning import rebuild_chain
+    from vsim.policies.recompute import Segmenter
+    view = TraceView(load_trace(TRACES / f"{name}.vsim.json.gz"))
+    seg = Segmenter.of(view)
+    fwd_ops, off = seg._fwd_ops()
+    chains = 0
+    for a, b in seg._entry_keys():
+        shape = seg._shape(a, b)
+        if shape.dropped:
+            layers = seg.layers(a, b)
+            assert shape.chain == rebuild_chain(view, fwd_ops[off[layers.start]:off[layers.stop]],
+                                                shape.dropped, view.before(shape.before_op))
+            chains += bool(shape.chain)
+    assert chains > 100

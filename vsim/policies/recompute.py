@@ -53,7 +53,7 @@ from . import planning
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes, planning_view
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, anchor_prefetches, rebuild_chain
+from .planning import Usage, alive_in_trace, anchor_prefetches
 
 GRID_CUTS = 240
 """Most cut points the DP considers."""
@@ -125,6 +125,8 @@ class Segmenter:
     def __init__(self, view: TraceView, retimes: Sequence[Retime] = ()) -> None:
         self.view = view
         self.retimes = tuple(retimes)
+        self.retime_set = frozenset(self.retimes)
+        self.one_per_op = len({r.op for r in self.retimes}) == len(self.retimes)
         self.no_workspace = {r.op for r in retimes if r.workspace_bytes == 0}
         self._cache: dict[tuple[int, int], SegmentCost] = {}
         # per base profile (by id; the Segmenter keeps its own): the DP's rows (_dp_rows)
@@ -260,8 +262,8 @@ class Segmenter:
         before = min((n for t in dropped if (n := self.first_need[t]) is not None),
                      key=view.pos.__getitem__)
         slot = view.before(before)
-        fwd_ops, fwd_off = self._fwd_ops()
-        chain = rebuild_chain(view, fwd_ops[fwd_off[lo]:fwd_off[hi + 1]], dropped, slot)
+        fwd_off = self._fwd_ops()[1]
+        chain = self._rebuild_chain(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
         # (chain_inputs written out, its written set shared with the transient's)
         by_id = view.op
         chain_ops = [by_id[o] for o in chain]
@@ -278,6 +280,54 @@ class Segmenter:
                       sum(t.size_bytes for t in transient),
                       tuple((t.producer, t.size_bytes) for t in transient
                             if t.kind == "workspace" and t.producer is not None))
+
+    def _rebuild_chain(self, start: int, stop: int, targets: set[int], slot: int
+                       ) -> tuple[int, ...]:
+        """planning.rebuild_chain(view, ops, targets, slot) for `ops` the forward ops
+        start..stop-1 in layer order (_fwd_ops; a segment's), over per-op tables built once
+        per view: what each op writes or updates in place, and of each read its producer's
+        place in that order and its slots. (The DP's segment shapes ask for thousands of
+        chains, each a walk back over its segment's ops.)"""
+        fwd_ops = self._fwd_ops()[0]
+        touch, mutates, reads = self._chain_tables()
+        needed = set(targets)
+        chosen: list[int] = []
+        for i in range(stop - 1, start - 1, -1):
+            if needed.isdisjoint(touch[i]):
+                continue
+            chosen.append(fwd_ops[i])
+            m = mutates[i]
+            if m is not None:
+                needed |= m
+            for t, p, alloc, free in reads[i]:
+                if start <= p < stop and not alloc <= slot < free:
+                    needed.add(t)
+        return tuple(reversed(chosen))
+
+    def _chain_tables(self) -> tuple[list[frozenset[int]], list[frozenset[int] | None],
+                                     list[tuple[tuple[int, int, int, int], ...]]]:
+        """Per forward op in layer order (_fwd_ops): the tensors it writes or updates in
+        place, those it updates in place (None: none), and per read (the tensor, its
+        producer's place in that order or -1, its allocation and free slots). Memoised on the
+        view."""
+        got = self.view.memo.get("chain tables")
+        if got is None:
+            view = self.view
+            fwd_ops = self._fwd_ops()[0]
+            place = {o: i for i, o in enumerate(fwd_ops)}
+            alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
+            touch, mutates, reads = [], [], []
+            for o in fwd_ops:
+                op, m = view.op[o], view.mutates.get(o)
+                touch.append(frozenset(op.writes) | (m or frozenset()))
+                mutates.append(m)
+                reads.append(tuple(
+                    (t, -1 if (p := view.tensor[t].producer) is None else place.get(p, -1),
+                     alloc[t], free[t]) for t in op.reads))
+            got = self.view.memo["chain tables"] = (touch, mutates, reads)
+        tables: tuple[list[frozenset[int]], list[frozenset[int] | None],
+                      list[tuple[tuple[int, int, int, int], ...]]] = got
+        return tables
 
     def _fwd_ops(self) -> tuple[list[int], list[int]]:
         """The forward layers' ops in layer order, and where each layer's start (memoised on
@@ -420,6 +470,16 @@ class Segmenter:
         profiles: tuple[np.ndarray, ...] = got
         return profiles
 
+    def _map_last_read(self) -> np.ndarray:
+        """Per saved map in the layout's order (by producing layer), the last forward layer
+        that reads it (-1: none; memoised on the view)."""
+        got = self.view.memo.get("map last read")
+        if got is None:
+            got = self.view.memo["map last read"] = np.array(
+                [self.last_read_in[t] for t in self.map_list], dtype=np.int64).reshape(-1)
+        last: np.ndarray = got
+        return last
+
     def _new_own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
         """Highest bytes on the device while the segment's feature maps live (_peaks): the
         profile without feature maps (`base`) plus the segment's own maps, kept ones from
@@ -427,24 +487,31 @@ class Segmenter:
         recomputation (with its transient intermediates). Here: the own maps' part."""
         view, c = self.view, self._shape(a, b)
         layers = self.layers(a, b)
-        ids, alloc, free, size, drop_end = (x[self.map_off[layers.start]:
-                                                self.map_off[layers.stop]] for x in self.maps)
+        m0, m1 = self.map_off_list[layers.start], self.map_off_list[layers.stop]
+        alloc, free, size, drop_end = (x[m0:m1] for x in self.maps[1:])
         lo, hi = int(alloc.min()), int(free.max())
         rc = view.before(c.before_op) if c.before_op is not None and c.valid else None
         # where the own maps' bytes change: allocations, frees, drops and the recomputation
-        at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
-        if rc is not None:
-            gone = set(c.dropped)  # (np.isin's own overhead was a fifth of this function)
-            dropped = np.array([t in gone for t in ids.tolist()], dtype=bool)
-            at = np.concatenate([at, drop_end[dropped], np.full(int(dropped.sum()), rc)])
-            by = np.concatenate([by, -size[dropped], size[dropped]])
+        # (the order of equal slots does not matter: the profile sums what is at or before)
+        if rc is None:
+            at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
+        else:
+            # the dropped maps (the segment shape's): those not made in its last layer that
+            # no later layer reads
+            last = layers.stop - 1
+            mid = self.map_off_list[last] - m0
+            dropped = np.zeros(m1 - m0, dtype=bool)
+            np.less_equal(self._map_last_read()[m0:m0 + mid], last, out=dropped[:mid])
+            gone = size[dropped]
+            at = np.concatenate([alloc, free, drop_end[dropped], np.full(len(gone), rc)])
+            by = np.concatenate([size, -size, -gone, gone])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
         by_layer, cut = self.layer_slots  # (the layers' slots are contiguous there)
         idx = by_layer[cut[layers.start]:cut[layers.stop]]
         idx = idx[(idx >= lo) & (idx < hi)]
         idx = np.sort(idx if rc is None or rc in idx else np.append(idx, rc))
-        order = np.argsort(at, kind="stable")
+        order = np.argsort(at)
         cum = np.concatenate([[0], np.cumsum(by[order])])
         prof = cum[np.searchsorted(at[order], idx, side="right")]
         return idx, prof, None if rc is None else int(np.searchsorted(idx, rc))
@@ -570,7 +637,11 @@ class Segmenter:
         return got[1]
 
     def _changed_ops(self, other: Segmenter) -> set[int]:
-        """Ops whose retime (algorithm) differs between this Segmenter and `other`."""
+        """Ops whose retime (algorithm) differs between this Segmenter and `other`: those of
+        the retimes one has and the other not, where each has one retime per op (as sets:
+        each new Segmenter's rows compare it with every one before)."""
+        if self.one_per_op and other.one_per_op:
+            return {r.op for r in self.retime_set ^ other.retime_set}
         mine = {r.op: r for r in self.retimes}
         theirs = {r.op: r for r in other.retimes}
         return {o for o in mine.keys() | theirs.keys() if mine.get(o) != theirs.get(o)}
