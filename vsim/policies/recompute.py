@@ -137,6 +137,8 @@ class Segmenter:
         self.durs = {r.op: r.dur_us for r in self.retimes}
         self._durs: np.ndarray | None = None  # dur_array()
         self._trans: np.ndarray | None = None  # _transients()
+        self._acts: dict[tuple[int, ...], tuple[list[Action], float, int]] = {}  # actions()
+        self._ws_off: np.ndarray | None = None  # _recosted()
         # What follows depends on the view alone: built once per view, shared (read only) by
         # its Segmenters, one per retime set (a planning builds dozens)
         layout = view.memo.get("segmenter layout")
@@ -384,7 +386,15 @@ class Segmenter:
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
         one is n); returns the actions, the recomputation time and how many segments could not
-        be recomputed."""
+        be recomputed. (Memoised per cuts: the DP's cuts are checked against the static
+        profile, then planned.)"""
+        key = tuple(cuts)
+        got = self._acts.get(key)
+        if got is None:
+            got = self._acts[key] = self._actions(cuts)
+        return list(got[0]), got[1], got[2]
+
+    def _actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         acts: list[Action] = []
         total, invalid = 0.0, 0
         a = 0
@@ -620,8 +630,7 @@ class Segmenter:
             rows = self._rows_from(*near, base) if near is not None else None
             if rows is None:
                 every = list(range(len(self._entry_keys())))
-                trans, rcs = self._recosted(every)
-                self._trans = np.array(trans, dtype=np.int64).reshape(-1)
+                self._trans, rcs = self._recosted(every)
                 shapes = [self._shape(a, b) for a, b in self._entry_keys()]
                 rows = (self._peaks(every, self._trans, base),
                         np.array([sh.kept_bytes + (0 if sh.valid else sh.dropped_bytes)
@@ -698,27 +707,47 @@ class Segmenter:
                 self._cache.setdefault(key, theirs[key])
         return own, kept, rcs
 
-    def _recosted(self, entries: list[int]) -> tuple[list[int], list[float]]:
+    def _recosted(self, entries: list[int]) -> tuple[np.ndarray, list[float]]:
         """Of the DP's segments `entries` (indices in _entry_keys' order): their transient
         bytes and recomputation time as the rows hold them (cost()'s, 0 where the segment
-        cannot be recomputed), without a SegmentCost each: the chains' durations gathered at
-        once, each summed with fsum (cost()'s sum, exact whatever the order)."""
+        cannot be recomputed), without a SegmentCost each: the transient bytes less those of
+        workspaces these retimes take away, as arrays; the chains' durations gathered at once,
+        each summed with fsum (cost()'s sum, exact whatever the order)."""
         if not entries:
-            return [], []
-        keys, shape, transient = self._entry_keys(), self._shape, self._transient
+            return np.zeros(0, dtype=np.int64), []
+        total, ws_entry, ws_op, ws_bytes, timed = self._entry_transients()
+        if self._ws_off is None:  # per entry, the workspace bytes these retimes take away
+            self._ws_off = np.zeros(len(total), dtype=np.int64)
+            if self.no_workspace and len(ws_op):
+                away = np.isin(ws_op, np.array(sorted(self.no_workspace), dtype=np.int64))
+                np.add.at(self._ws_off, ws_entry[away], ws_bytes[away])
         flat, start, size = self._entry_chains()
         e = np.array(entries, dtype=np.int64)
         lens = size[e]
         offs = (np.cumsum(lens) - lens).tolist()
         at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
         durs = self.dur_array()[flat[at]].tolist()
-        trans, rcs = [], []
         fsum = math.fsum
-        for i, o, n in zip(entries, offs, lens.tolist(), strict=True):
-            sh = shape(*keys[i])
-            trans.append(transient(sh))
-            rcs.append(fsum(durs[o:o + n]) if sh.dropped and sh.valid else 0.0)
-        return trans, rcs
+        rcs = [fsum(durs[o:o + n]) if timed[i] else 0.0
+               for i, o, n in zip(entries, offs, lens.tolist(), strict=True)]
+        return total[e] - self._ws_off[e], rcs
+
+    def _entry_transients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                         list[bool]]:
+        """Per DP segment (_entry_keys' order): its recomputation's transient bytes with every
+        workspace (_Shape.transient_bytes); its transient workspaces, flattened, as (segment,
+        convolution, bytes); and whether its recomputation is timed (it drops maps and can
+        be recomputed). Memoised on the view."""
+        got = self.view.memo.get("entry transients")
+        if got is None:
+            shapes = [self._shape(a, b) for a, b in self._entry_keys()]
+            ws = [(i, o, n) for i, sh in enumerate(shapes) for o, n in sh.transient_workspaces]
+            got = self.view.memo["entry transients"] = (
+                np.array([sh.transient_bytes for sh in shapes], dtype=np.int64).reshape(-1),
+                *(np.array([w[k] for w in ws], dtype=np.int64).reshape(-1) for k in range(3)),
+                [bool(sh.dropped) and sh.valid for sh in shapes])
+        tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[bool]] = got
+        return tables
 
     def _entry_chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every DP segment's recomputation chain as trace positions, in _entry_keys' order,
