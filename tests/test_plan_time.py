@@ -194,9 +194,9 @@ def test_the_dps_rows_derived_for_more_workspaces_away_are_those_built_afresh(
     convs = sorted({o.id for o in trace.ops for t in o.writes
                     if tensors[t].kind == "workspace"})
     costed: list[int] = []
-    entry = Segmenter._row_entry
-    monkeypatch.setattr(Segmenter, "_row_entry",
-                        lambda self, *a: costed.append(id(self.view)) or entry(self, *a))
+    peaks = Segmenter._peaks
+    monkeypatch.setattr(Segmenter, "_peaks", lambda self, entries, *a: costed.extend(
+        [id(self.view)] * len(entries)) or peaks(self, entries, *a))
     view = TraceView(trace)
     for forced in [convs[:1], convs[:3], convs[:40:3], convs[:1], convs[5:60]]:
         retimes = Attempt(trace, HW, view, 1 << 40, frozenset(forced), "auto").retimes
@@ -204,7 +204,92 @@ def test_the_dps_rows_derived_for_more_workspaces_away_are_those_built_afresh(
         seg = Segmenter.of(view, retimes)
         derived = seg._dp_rows(seg.base_without_saved())
         fresh = Segmenter.of(TraceView(trace), retimes)
-        assert derived == fresh._dp_rows(fresh.base_without_saved())
-    segments = sum(len(row) for _, row in derived)
+        for mine, theirs in zip(derived, fresh._dp_rows(fresh.base_without_saved()),
+                                strict=True):
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs)
+    segments = len(derived[0])
     # each fresh view costs every segment; the one view, 5 builds, after its first only some
     assert costed.count(id(view)) < 3 * segments
+
+
+def _reference_optimal(seg: Any, budget: int, base: np.ndarray) -> list[int] | None:
+    """Segmenter.optimal as it was written before it ran on arrays (lists of tuples, one
+    sort of every cut's options): the DP it must agree with, point for point."""
+    import bisect
+    import math
+
+    from vsim.policies.recompute import FRONT_POINTS, thin
+    own, kept, rcs = (x.tolist() for x in seg._dp_rows(base))
+    fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
+        [[] for _ in range(seg.n)]
+    front_bytes: list[list[int]] = [[0]] + [[] for _ in range(seg.n)]
+    for b, among, _, lo, _ in seg._dp_layout():
+        options: list[tuple[int, float, int, int]] = []
+        for j, a in enumerate(among):
+            k = bisect.bisect_right(front_bytes[a], budget - own[lo + j])
+            options += [(before + kept[lo + j], t + rcs[lo + j], a, idx)
+                        for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
+        options.sort()
+        front: list[tuple[int, float, int, int]] = []
+        fastest = math.inf
+        for o in options:
+            if o[1] < fastest:
+                front.append(o)
+                fastest = o[1]
+        fronts[b] = thin(front, FRONT_POINTS)
+        front_bytes[b] = [p[0] for p in fronts[b]]
+    if not fronts[seg.n]:
+        return None
+    best = min(range(len(fronts[seg.n])), key=lambda i: (fronts[seg.n][i][1],
+                                                          fronts[seg.n][i][0]))
+    cuts, b, i = [], seg.n, best
+    while b > 0:
+        cuts.append(b)
+        _, _, b, i = fronts[b][i]
+    return sorted(cuts)
+
+
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100"])
+def test_the_dp_on_arrays_gives_the_cuts_of_the_dp_on_tuples(name: str) -> None:
+    """Segmenter.optimal weighs each cut's options as arrays, and answers None without a DP
+    for a budget at or below one that found none: the cuts (or None) of the DP on lists of
+    tuples, for budgets from below the least that fits to ample, with and without
+    workspaces."""
+    from vsim.policies.recompute import Segmenter
+    from vsim.workspace_free import memory_optimal_retimes
+    trace = load_trace(TRACES / f"{name}.vsim.json.gz")
+    view = TraceView(trace)
+    found = {True: 0, False: 0}
+    for retimes in ([], memory_optimal_retimes(trace, HW)[0]):
+        seg = Segmenter.of(view, retimes)
+        base = seg.base_without_saved()
+        least = int(base.max())
+        # descending, as the DP's escalation asks: the budgets below a None are answered
+        # from the memo, and are checked against the reference all the same
+        for k in range(40, -1, -1):
+            budget = least + k * least // 10
+            cuts = seg.optimal(budget, base)
+            assert cuts == _reference_optimal(seg, budget, base), budget
+            found[cuts is None] += 1
+    assert found[True] and found[False]
+
+
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100"])
+def test_a_segments_chain_is_the_one_rebuild_chain_gives(name: str) -> None:
+    """The DP's segment shapes walk their chains over per-view tables
+    (Segmenter._rebuild_chain): every segment's chain is planning.rebuild_chain's over the
+    segment's forward ops."""
+    from vsim.policies.planning import rebuild_chain
+    from vsim.policies.recompute import Segmenter
+    view = TraceView(load_trace(TRACES / f"{name}.vsim.json.gz"))
+    seg = Segmenter.of(view)
+    fwd_ops, off = seg._fwd_ops()
+    chains = 0
+    for a, b in seg._entry_keys():
+        shape = seg._shape(a, b)
+        if shape.dropped:
+            layers = seg.layers(a, b)
+            assert shape.chain == rebuild_chain(view, fwd_ops[off[layers.start]:off[layers.stop]],
+                                                shape.dropped, view.before(shape.before_op))
+            chains += bool(shape.chain)
+    assert chains > 100

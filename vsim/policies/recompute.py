@@ -34,7 +34,6 @@ Convolution algorithms (`algo`: auto, performance, memory): see vsim.workspace_f
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ from . import planning
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes, planning_view
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, anchor_prefetches, rebuild_chain
+from .planning import Usage, alive_in_trace, anchor_prefetches
 
 GRID_CUTS = 240
 """Most cut points the DP considers."""
@@ -70,7 +69,8 @@ def thin(front: list[tuple[int, float, int, int]], most: int
     fronts of a densely connected network (DenseNet-121: every layer's maps read by all later
     ones of its block) grew to thousands of points and the DP ran for minutes; with the
     slices, it is near-linear in the cuts, and the engine then judges its plan among the
-    every-k ones (Checkpointing.plan_with)."""
+    every-k ones (Checkpointing.plan_with). (Segmenter.optimal thins the same way on arrays;
+    this is the definition its test holds it to.)"""
     if len(front) <= most:
         return front
     lo, hi = front[0][0], front[-1][0]
@@ -84,8 +84,12 @@ def thin(front: list[tuple[int, float, int, int]], most: int
     return out
 
 
-_Row = tuple[int, list[tuple[int, int, int, float]]]
-"""A cut b and, per segment (a, b) the DP weighs, (a, own peak, kept bytes, recompute us)."""
+_NO_BYTES = 1 << 62
+"""Bytes of the DP's padding points (past a front's end): above every limit."""
+
+_Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per segment (a, b) the DP weighs (Segmenter._entry_keys' order): its own peak, the bytes it
+keeps and its recomputation time (Segmenter._dp_rows)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,11 @@ class _Shape:
     kept_bytes: int
     dropped_bytes: int
     valid: bool
-    transient: frozenset[int]  # what the recomputation writes that is not on the device
+    # what the recomputation writes that is not on the device: its bytes, and of them the
+    # workspaces, as (their convolution, bytes): those of a convolution run without its
+    # workspace do not count (per retimes, Segmenter._transient)
+    transient_bytes: int
+    transient_workspaces: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -117,15 +125,20 @@ class Segmenter:
     def __init__(self, view: TraceView, retimes: Sequence[Retime] = ()) -> None:
         self.view = view
         self.retimes = tuple(retimes)
+        self.retime_set = frozenset(self.retimes)
+        self.one_per_op = len({r.op for r in self.retimes}) == len(self.retimes)
         self.no_workspace = {r.op for r in retimes if r.workspace_bytes == 0}
         self._cache: dict[tuple[int, int], SegmentCost] = {}
-        self._peaks: dict[tuple[int, int, int], int] = {}
         # per base profile (by id; the Segmenter keeps its own): the DP's rows (_dp_rows)
-        self._rows: dict[int, tuple[np.ndarray, list[_Row]]] = {}
+        self._rows: dict[int, tuple[np.ndarray, _Rows]] = {}
+        # per base profile (by id): the highest budget for which the DP found no segmentation
+        self._infeasible: dict[int, tuple[np.ndarray, int]] = {}
         self._base: np.ndarray | None = None
         self.durs = {r.op: r.dur_us for r in self.retimes}
         self._durs: np.ndarray | None = None  # dur_array()
         self._trans: np.ndarray | None = None  # _transients()
+        self._acts: dict[tuple[int, ...], tuple[list[Action], float, int]] = {}  # actions()
+        self._ws_off: np.ndarray | None = None  # _recosted()
         # What follows depends on the view alone: built once per view, shared (read only) by
         # its Segmenters, one per retime set (a planning builds dozens)
         layout = view.memo.get("segmenter layout")
@@ -246,13 +259,13 @@ class Segmenter:
         kb = sum(tensor[t].size_bytes for t in kept)
         db = sum(tensor[t].size_bytes for t in dropped)
         if not dropped:
-            return _Shape((), (), None, kb, 0, True, frozenset())
+            return _Shape((), (), None, kb, 0, True, 0, ())
         drop_set = set(dropped)
         before = min((n for t in dropped if (n := self.first_need[t]) is not None),
                      key=view.pos.__getitem__)
         slot = view.before(before)
-        fwd_ops, fwd_off = self._fwd_ops()
-        chain = rebuild_chain(view, fwd_ops[fwd_off[lo]:fwd_off[hi + 1]], dropped, slot)
+        fwd_off = self._fwd_ops()[1]
+        chain = self._rebuild_chain(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
         # (chain_inputs written out, its written set shared with the transient's)
         by_id = view.op
         chain_ops = [by_id[o] for o in chain]
@@ -263,9 +276,60 @@ class Segmenter:
         valid = all(alloc[t] <= slot < free[t] and t not in drop_set for t in inputs) \
             and not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
-        transient = frozenset(t for t in written
-                              if t not in drop_set and not alloc[t] <= slot < free[t])
-        return _Shape(tuple(dropped), chain, before, kb, db, valid, transient)
+        transient = [tensor[t] for t in written
+                     if t not in drop_set and not alloc[t] <= slot < free[t]]
+        return _Shape(tuple(dropped), chain, before, kb, db, valid,
+                      sum(t.size_bytes for t in transient),
+                      tuple((t.producer, t.size_bytes) for t in transient
+                            if t.kind == "workspace" and t.producer is not None))
+
+    def _rebuild_chain(self, start: int, stop: int, targets: set[int], slot: int
+                       ) -> tuple[int, ...]:
+        """planning.rebuild_chain(view, ops, targets, slot) for `ops` the forward ops
+        start..stop-1 in layer order (_fwd_ops; a segment's), over per-op tables built once
+        per view: what each op writes or updates in place, and of each read its producer's
+        place in that order and its slots. (The DP's segment shapes ask for thousands of
+        chains, each a walk back over its segment's ops.)"""
+        fwd_ops = self._fwd_ops()[0]
+        touch, mutates, reads = self._chain_tables()
+        needed = set(targets)
+        chosen: list[int] = []
+        for i in range(stop - 1, start - 1, -1):
+            if needed.isdisjoint(touch[i]):
+                continue
+            chosen.append(fwd_ops[i])
+            m = mutates[i]
+            if m is not None:
+                needed |= m
+            for t, p, alloc, free in reads[i]:
+                if start <= p < stop and not alloc <= slot < free:
+                    needed.add(t)
+        return tuple(reversed(chosen))
+
+    def _chain_tables(self) -> tuple[list[frozenset[int]], list[frozenset[int] | None],
+                                     list[tuple[tuple[int, int, int, int], ...]]]:
+        """Per forward op in layer order (_fwd_ops): the tensors it writes or updates in
+        place, those it updates in place (None: none), and per read (the tensor, its
+        producer's place in that order or -1, its allocation and free slots). Memoised on the
+        view."""
+        got = self.view.memo.get("chain tables")
+        if got is None:
+            view = self.view
+            fwd_ops = self._fwd_ops()[0]
+            place = {o: i for i, o in enumerate(fwd_ops)}
+            alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
+            touch, mutates, reads = [], [], []
+            for o in fwd_ops:
+                op, m = view.op[o], view.mutates.get(o)
+                touch.append(frozenset(op.writes) | (m or frozenset()))
+                mutates.append(m)
+                reads.append(tuple(
+                    (t, -1 if (p := view.tensor[t].producer) is None else place.get(p, -1),
+                     alloc[t], free[t]) for t in op.reads))
+            got = self.view.memo["chain tables"] = (touch, mutates, reads)
+        tables: tuple[list[frozenset[int]], list[frozenset[int] | None],
+                      list[tuple[tuple[int, int, int, int], ...]]] = got
+        return tables
 
     def _fwd_ops(self) -> tuple[list[int], list[int]]:
         """The forward layers' ops in layer order, and where each layer's start (memoised on
@@ -284,7 +348,7 @@ class Segmenter:
         sh = self._shape(a, b)
         if not sh.dropped:
             return SegmentCost((), (), None, sh.kept_bytes, 0, 0, 0.0, True)
-        transient = self._transient(sh.transient)
+        transient = self._transient(sh)
         # (fsum is exact whatever the order: the same sum as over the chain's ops one by one)
         us = math.fsum(self.dur_array()[self._chain_pos(a, b)].tolist())
         return SegmentCost(sh.dropped, sh.chain, sh.before_op, sh.kept_bytes, sh.dropped_bytes,
@@ -313,15 +377,24 @@ class Segmenter:
                                           dtype=np.int64)
         return got
 
-    def _transient(self, written: frozenset[int]) -> int:
-        view = self.view
-        return sum(view.tensor[t].size_bytes for t in written if not (
-            view.tensor[t].kind == "workspace" and view.tensor[t].producer in self.no_workspace))
+    def _transient(self, sh: _Shape) -> int:
+        """The bytes the segment's recomputation allocates only while it runs, under these
+        retimes: the workspaces of convolutions run without theirs taken off."""
+        skip = self.no_workspace
+        return sh.transient_bytes - sum(b for o, b in sh.transient_workspaces if o in skip)
 
     def actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         """Drops and recomputations for segments ending at candidate positions `cuts` (the last
         one is n); returns the actions, the recomputation time and how many segments could not
-        be recomputed."""
+        be recomputed. (Memoised per cuts: the DP's cuts are checked against the static
+        profile, then planned.)"""
+        key = tuple(cuts)
+        got = self._acts.get(key)
+        if got is None:
+            got = self._acts[key] = self._actions(cuts)
+        return list(got[0]), got[1], got[2]
+
+    def _actions(self, cuts: list[int]) -> tuple[list[Action], float, int]:
         acts: list[Action] = []
         total, invalid = 0.0, 0
         a = 0
@@ -365,54 +438,90 @@ class Segmenter:
                          back[act.tensor])
         return u
 
-    def own_peak(self, a: int, b: int, base: np.ndarray) -> int:
-        key = (a, b, id(base))
-        if key not in self._peaks:
-            idx, own, rc = self._own_profile(a, b)
-            if not len(idx):
-                self._peaks[key] = 0
-            else:
-                prof = own + base[idx]
-                if rc is not None:
-                    prof[rc] += self.cost(a, b).transient_bytes
-                self._peaks[key] = int(prof.max())
-        return self._peaks[key]
+    def _peaks(self, entries: list[int], trans: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """The own peaks of the DP's segments `entries` (indices in _entry_keys' order), at
+        once: while a segment's maps live, its own maps (_new_own_profile) plus `base` over its
+        slots, with its recomputation's transient bytes (`trans`, per entry) at the
+        recomputation's slot; 0 for a segment with no slots."""
+        slots, own, start, size, rc = self._entry_profiles()
+        top = np.zeros(len(entries), dtype=np.int64)
+        if not entries:
+            return top
+        e = np.array(entries, dtype=np.int64)
+        lens = size[e]
+        offs = np.cumsum(lens) - lens  # each entry's first value in `vals`
+        if len(e) == len(size):  # every entry, in order: the profiles as they lie
+            vals = own + base[slots]
+        else:
+            at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+            vals = own[at] + base[slots[at]]
+        has = rc[e] >= 0
+        vals[(offs + rc[e])[has]] += trans[e[has]]
+        full = lens > 0
+        if full.any():
+            top[full] = np.maximum.reduceat(vals, offs[full])
+        return top
 
-    def _own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """The segment's own maps over the slots that count for it (own_peak), as (slots, bytes
-        of its own maps there, index of the recomputation's slot among them or None):
-        independent of the algorithms, memoised on the view."""
-        memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int | None]] = \
-            self.view.memo.setdefault("segment profiles", {})
-        if (a, b) not in memo:
-            memo[(a, b)] = self._new_own_profile(a, b)
-        return memo[(a, b)]
+    def _entry_profiles(self) -> tuple[np.ndarray, ...]:
+        """Every DP segment's own maps over the slots that count for it (_peaks), in
+        _entry_keys' order, concatenated: the slots, the bytes of its own maps there, and per
+        segment where its slots start, how many, and the index of the recomputation's slot
+        among them (-1: none). Independent of the algorithms: memoised on the view."""
+        got = self.view.memo.get("segment profiles")
+        if got is None:
+            parts = [self._new_own_profile(a, b) for a, b in self._entry_keys()]
+            size = np.array([len(p[0]) for p in parts], dtype=np.int64).reshape(-1)
+            got = self.view.memo["segment profiles"] = (
+                np.concatenate([p[0] for p in parts]).astype(np.int64),
+                np.concatenate([p[1] for p in parts]).astype(np.int64),
+                np.cumsum(size) - size, size,
+                np.array([-1 if p[2] is None else p[2] for p in parts],
+                         dtype=np.int64).reshape(-1))
+        profiles: tuple[np.ndarray, ...] = got
+        return profiles
+
+    def _map_last_read(self) -> np.ndarray:
+        """Per saved map in the layout's order (by producing layer), the last forward layer
+        that reads it (-1: none; memoised on the view)."""
+        got = self.view.memo.get("map last read")
+        if got is None:
+            got = self.view.memo["map last read"] = np.array(
+                [self.last_read_in[t] for t in self.map_list], dtype=np.int64).reshape(-1)
+        last: np.ndarray = got
+        return last
 
     def _new_own_profile(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """Highest bytes on the device while the segment's feature maps live (own_peak): the
+        """Highest bytes on the device while the segment's feature maps live (_peaks): the
         profile without feature maps (`base`) plus the segment's own maps, kept ones from
         their allocation to their free, dropped ones until their drop and again from the
         recomputation (with its transient intermediates). Here: the own maps' part."""
         view, c = self.view, self._shape(a, b)
         layers = self.layers(a, b)
-        ids, alloc, free, size, drop_end = (x[self.map_off[layers.start]:
-                                                self.map_off[layers.stop]] for x in self.maps)
+        m0, m1 = self.map_off_list[layers.start], self.map_off_list[layers.stop]
+        alloc, free, size, drop_end = (x[m0:m1] for x in self.maps[1:])
         lo, hi = int(alloc.min()), int(free.max())
         rc = view.before(c.before_op) if c.before_op is not None and c.valid else None
         # where the own maps' bytes change: allocations, frees, drops and the recomputation
-        at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
-        if rc is not None:
-            gone = set(c.dropped)  # (np.isin's own overhead was a fifth of this function)
-            dropped = np.array([t in gone for t in ids.tolist()], dtype=bool)
-            at = np.concatenate([at, drop_end[dropped], np.full(int(dropped.sum()), rc)])
-            by = np.concatenate([by, -size[dropped], size[dropped]])
+        # (the order of equal slots does not matter: the profile sums what is at or before)
+        if rc is None:
+            at, by = np.concatenate([alloc, free]), np.concatenate([size, -size])
+        else:
+            # the dropped maps (the segment shape's): those not made in its last layer that
+            # no later layer reads
+            last = layers.stop - 1
+            mid = self.map_off_list[last] - m0
+            dropped = np.zeros(m1 - m0, dtype=bool)
+            np.less_equal(self._map_last_read()[m0:m0 + mid], last, out=dropped[:mid])
+            gone = size[dropped]
+            at = np.concatenate([alloc, free, drop_end[dropped], np.full(len(gone), rc)])
+            by = np.concatenate([size, -size, -gone, gone])
         # Only the slots of the segment's own layers, forward and backward: elsewhere other
         # segments' maps are what the device holds, and their own check counts them.
         by_layer, cut = self.layer_slots  # (the layers' slots are contiguous there)
         idx = by_layer[cut[layers.start]:cut[layers.stop]]
         idx = idx[(idx >= lo) & (idx < hi)]
         idx = np.sort(idx if rc is None or rc in idx else np.append(idx, rc))
-        order = np.argsort(at, kind="stable")
+        order = np.argsort(at)
         cum = np.concatenate([[0], np.cumsum(by[order])])
         prof = cum[np.searchsorted(at[order], idx, side="right")]
         return idx, prof, None if rc is None else int(np.searchsorted(idx, rc))
@@ -420,59 +529,113 @@ class Segmenter:
     def optimal(self, budget: int, base: np.ndarray) -> list[int] | None:
         """Cuts of least recomputation time whose memory model fits `budget`; None if none.
         Model: while segment s's maps live, the device holds the profile without feature maps,
-        s's own maps (own_peak) and the checkpoints of the segments before it."""
-        n = self.n
-        # fronts[b]: Pareto list of (checkpoint bytes so far, time, a, index in fronts[a])
-        fronts: list[list[tuple[int, float, int, int]]] = [[(0, 0.0, -1, -1)]] + \
-            [[] for _ in range(n)]
-        # each front's bytes, ascending: the points that fit with a segment are a prefix
-        front_bytes: list[list[int]] = [[0]] + [[] for _ in range(n)]
-        bisect_right = bisect.bisect_right
-        for b, row in self._dp_rows(base):
-            options: list[tuple[int, float, int, int]] = []
-            for a, peak, kept, rc in row:
-                if not fronts[a]:
-                    continue
-                k = bisect_right(front_bytes[a], budget - peak)
-                if not k:
-                    continue
-                options += [(before + kept, t + rc, a, idx)
-                            for idx, (before, t, _, _) in enumerate(fronts[a][:k])]
-            # by (bytes, time), ties in the order appended (a, then idx, both ascending): the
-            # tuples' own order, without a key function per option (a third of a warm DP)
-            options.sort()
-            front: list[tuple[int, float, int, int]] = []
-            fastest = math.inf  # front[-1]'s time
-            for o in options:
-                if o[1] < fastest:
-                    front.append(o)
-                    fastest = o[1]
-            fronts[b] = thin(front, FRONT_POINTS)
-            front_bytes[b] = [p[0] for p in fronts[b]]
-        if not fronts[n]:
+        s's own maps (_peaks) and the checkpoints of the segments before it.
+
+        The DP keeps, per cut b, the Pareto front of (checkpoint bytes so far, time) over the
+        segmentations of candidates 0..b-1 that fit, each point with the segment (a, b) and the
+        point of a's front it extends, thinned to FRONT_POINTS (`thin`). Each cut's options
+        are the points of its segments' starts' fronts that fit with the segment (a prefix:
+        the fronts are sorted by bytes), ordered by (bytes, time, a, index), as tuples would
+        be; a point is on the front when faster than every option before it. (As arrays, one
+        cut at a time: the DP runs for many budgets, 189 times on inception_v3 at 0.3 of its
+        peak, and as lists of tuples it was half of that planning.)
+
+        Whether any segmentation fits is monotone in the budget: the fewest-bytes point of
+        every front is kept (by the Pareto filter and by `thin`), and the least checkpoint
+        bytes reachable at each cut only grow as the budget falls, so the segments that fit
+        only shrink. A budget at or below one that found none finds none (not run again)."""
+        got = self._infeasible.get(id(base))
+        if got is not None and got[0] is base and budget <= got[1]:
             return None
-        best = min(range(len(fronts[n])), key=lambda i: (fronts[n][i][1], fronts[n][i][0]))
+        n, most = self.n, FRONT_POINTS
+        # fronts as arrays: per cut, its points' bytes (padded past its length by a value no
+        # limit reaches), times, segment starts and indices in the start's front
+        fb = np.full((n + 1, most), _NO_BYTES, dtype=np.int64)
+        ft = np.zeros((n + 1, most), dtype=np.float64)
+        fa = np.zeros((n + 1, most), dtype=np.int64)
+        fi = np.zeros((n + 1, most), dtype=np.int64)
+        size = [0] * (n + 1)
+        fb[0, 0], size[0] = 0, 1
+        lexsort, nonzero, minacc = np.lexsort, np.nonzero, np.minimum.accumulate
+        own, keeps, times = self._dp_rows(base)
+        for b, among, starts, lo, hi in self._dp_layout():
+            if not any(size[a] for a in among):  # (no start reached: past where none fit)
+                continue
+            kept, rcs = keeps[lo:hi], times[lo:hi]
+            pb = fb[starts]
+            fit = pb <= (budget - own[lo:hi])[:, None]
+            r, c = nonzero(fit)
+            if not len(r):
+                continue
+            a = starts[r]
+            ob = pb[r, c] + kept[r]
+            ot = ft[a, c] + rcs[r]
+            order = lexsort((ot, ob))  # (stable: ties in the order of (a, index))
+            t = ot[order]
+            keep = np.empty(len(t), dtype=bool)
+            keep[0] = True
+            if len(t) > 1:
+                np.less(t[1:], minacc(t)[:-1], out=keep[1:])
+            sel = order[keep]
+            m = len(sel)
+            if m > most:  # thin(): the first point, then the last of each slice of the bytes
+                byt = ob[sel]
+                least = int(byt[0])
+                width = max(1, (int(byt[-1]) - least) // (most - 1) + 1)
+                sl = (byt - least) // width
+                last = np.empty(m, dtype=bool)
+                last[0] = True
+                np.not_equal(sl[1:-1], sl[2:], out=last[1:-1])
+                last[-1] = True
+                sel = sel[last]
+                m = len(sel)
+            fb[b, :m], ft[b, :m], fa[b, :m], fi[b, :m] = ob[sel], ot[sel], a[sel], c[sel]
+            size[b] = m
+        if not size[n]:
+            self._infeasible[id(base)] = (base, budget if got is None else max(budget, got[1]))
+            return None
+        front = list(zip(ft[n, :size[n]].tolist(), fb[n, :size[n]].tolist(), strict=True))
+        best = min(range(len(front)), key=front.__getitem__)
         cuts, b, i = [], n, best
         while b > 0:
             cuts.append(b)
-            _, _, a, i = fronts[b][i]
-            b = a
+            b, i = int(fa[b, i]), int(fi[b, i])
         return sorted(cuts)
 
-    def _dp_rows(self, base: np.ndarray) -> list[_Row]:
-        """Per cut b of the grid, per segment (a, b) the DP weighs: (a, own_peak, the bytes it
-        keeps, its recomputation time), which depend on neither the budget nor the fronts:
-        built once per base profile (the DP runs for many budgets), in the DP's order."""
+    def _dp_layout(self) -> list[tuple[int, tuple[int, ...], np.ndarray, int, int]]:
+        """Per cut b of the grid, in the DP's order: the starts a of the segments ending there
+        (a tuple, and an array) and where its segments lie in _entry_keys' order (memoised on
+        the view)."""
+        got = self.view.memo.get("dp layout")
+        if got is None:
+            got, lo = [], 0
+            for b, starts in self._segments():
+                got.append((b, tuple(starts), np.array(starts, dtype=np.int64), lo,
+                            lo + len(starts)))
+                lo += len(starts)
+            self.view.memo["dp layout"] = got
+        layout: list[tuple[int, tuple[int, ...], np.ndarray, int, int]] = got
+        return layout
+
+    def _dp_rows(self, base: np.ndarray) -> _Rows:
+        """Per segment (a, b) the DP weighs (_entry_keys' order): its own peak, the bytes it keeps
+        and its recomputation time, which depend on neither the budget nor the fronts: built
+        once per base profile (the DP runs for many budgets)."""
         got = self._rows.get(id(base))
         if got is None or got[0] is not base:
-            built: list[tuple[Segmenter, np.ndarray, list[_Row]]] = \
+            built: list[tuple[Segmenter, np.ndarray, _Rows]] = \
                 self.view.memo.setdefault("dp rows", [])
             near = min(((self._changed_ops(seg), seg, b, r) for seg, b, r in built),
                        key=lambda x: len(x[0]), default=None)
             rows = self._rows_from(*near, base) if near is not None else None
             if rows is None:
-                rows = [(b, [self._row_entry(a, b, base) for a in cuts])
-                        for b, cuts in self._segments()]
+                every = list(range(len(self._entry_keys())))
+                self._trans, rcs = self._recosted(every)
+                shapes = [self._shape(a, b) for a, b in self._entry_keys()]
+                rows = (self._peaks(every, self._trans, base),
+                        np.array([sh.kept_bytes + (0 if sh.valid else sh.dropped_bytes)
+                                  for sh in shapes], dtype=np.int64).reshape(-1),
+                        np.array(rcs, dtype=np.float64).reshape(-1))
             got = self._rows[id(base)] = (base, rows)
             # Every one built is kept (each Segmenter, memoised on the view, holds its rows
             # anyway): the nearest is often not among the last few. The ladder's rungs repeat
@@ -483,7 +646,11 @@ class Segmenter:
         return got[1]
 
     def _changed_ops(self, other: Segmenter) -> set[int]:
-        """Ops whose retime (algorithm) differs between this Segmenter and `other`."""
+        """Ops whose retime (algorithm) differs between this Segmenter and `other`: those of
+        the retimes one has and the other not, where each has one retime per op (as sets:
+        each new Segmenter's rows compare it with every one before)."""
+        if self.one_per_op and other.one_per_op:
+            return {r.op for r in self.retime_set ^ other.retime_set}
         mine = {r.op: r for r in self.retimes}
         theirs = {r.op: r for r in other.retimes}
         return {o for o in mine.keys() | theirs.keys() if mine.get(o) != theirs.get(o)}
@@ -493,13 +660,8 @@ class Segmenter:
         grid = [0, *self.grid]
         return [(grid[j], grid[max(0, j - self.max_len):j]) for j in range(1, len(grid))]
 
-    def _row_entry(self, a: int, b: int, base: np.ndarray) -> tuple[int, int, int, float]:
-        c = self.cost(a, b)
-        return (a, self.own_peak(a, b, base), c.kept_bytes + (0 if c.valid else c.dropped_bytes),
-                c.recompute_us if c.valid else 0.0)
-
     def _rows_from(self, changed: set[int], other: Segmenter, other_base: np.ndarray,
-                   other_rows: list[_Row], base: np.ndarray) -> list[_Row] | None:
+                   other_rows: _Rows, base: np.ndarray) -> _Rows | None:
         """The DP's rows for `base`, from another Segmenter's of the same view (`_dp_rows` of
         `other_base`; `changed`: _changed_ops(other)): only the segments that recompute a
         changed op, or whose own slots hold bytes that differ between the bases, are costed
@@ -529,47 +691,77 @@ class Segmenter:
         # changed (only those recompute a changed op, the same ops at the same costs else)
         theirs = other._cache  # noqa: SLF001
         trans = other._transients().copy()  # noqa: SLF001
-        for i in np.flatnonzero(again).tolist():
-            trans[i] = self.cost(*keys[i]).transient_bytes
+        own, kept, rcs = (x.copy() for x in other_rows)
+        rechain = np.flatnonzero(again).tolist()
+        # (the bytes it keeps depend on its shape alone: as they were)
+        trans[rechain], rcs[rechain] = self._recosted(rechain)
         self._trans = trans
-        # The own peaks of the entries costed again, at once (own_peak's sums, as arrays):
+        # The own peaks of the entries costed again, at once (_peaks):
         # their own maps plus the base over their slots, the transient bytes added at the
         # recomputation's slot
         redo = np.flatnonzero(hit | again).tolist()
-        peaks: dict[int, int] = {}
-        if redo:
-            parts = [self._own_profile(*keys[i]) for i in redo]
-            lens = np.array([len(p[0]) for p in parts], dtype=np.int64)
-            ends = np.cumsum(lens)
-            starts = ends - lens
-            vals = np.concatenate([p[1] for p in parts]) + \
-                base[np.concatenate([p[0] for p in parts])]
-            for j, (i, p) in enumerate(zip(redo, parts, strict=True)):
-                if p[2] is not None:
-                    vals[starts[j] + p[2]] += trans[i]
-            full = lens > 0
-            top = np.zeros(len(redo), dtype=np.int64)
-            if full.any():
-                top[full] = np.maximum.reduceat(vals, starts[full])
-            peaks = dict(zip(redo, top.tolist(), strict=True))
-        rows, i = [], 0
-        for b, row in other_rows:
-            new = []
-            for entry in row:
-                if i not in peaks:
-                    new.append(entry)
-                elif not rechained[i]:  # its chain runs the same ops: the same cost
-                    if (entry[0], b) in theirs:
-                        self._cache.setdefault((entry[0], b), theirs[(entry[0], b)])
-                    new.append((entry[0], peaks[i], entry[2], entry[3]))
-                else:
-                    c = self.cost(entry[0], b)
-                    new.append((entry[0], peaks[i],
-                                c.kept_bytes + (0 if c.valid else c.dropped_bytes),
-                                c.recompute_us if c.valid else 0.0))
-                i += 1
-            rows.append((b, new))
-        return rows
+        own[redo] = self._peaks(redo, trans, base)
+        for i in redo:
+            key = keys[i]
+            if not rechained[i] and key in theirs:  # its chain runs the same ops: the same cost
+                self._cache.setdefault(key, theirs[key])
+        return own, kept, rcs
+
+    def _recosted(self, entries: list[int]) -> tuple[np.ndarray, list[float]]:
+        """Of the DP's segments `entries` (indices in _entry_keys' order): their transient
+        bytes and recomputation time as the rows hold them (cost()'s, 0 where the segment
+        cannot be recomputed), without a SegmentCost each: the transient bytes less those of
+        workspaces these retimes take away, as arrays; the chains' durations gathered at once,
+        each summed with fsum (cost()'s sum, exact whatever the order)."""
+        if not entries:
+            return np.zeros(0, dtype=np.int64), []
+        total, ws_entry, ws_op, ws_bytes, timed = self._entry_transients()
+        if self._ws_off is None:  # per entry, the workspace bytes these retimes take away
+            self._ws_off = np.zeros(len(total), dtype=np.int64)
+            if self.no_workspace and len(ws_op):
+                away = np.isin(ws_op, np.array(sorted(self.no_workspace), dtype=np.int64))
+                np.add.at(self._ws_off, ws_entry[away], ws_bytes[away])
+        flat, start, size = self._entry_chains()
+        e = np.array(entries, dtype=np.int64)
+        lens = size[e]
+        offs = (np.cumsum(lens) - lens).tolist()
+        at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        durs = self.dur_array()[flat[at]].tolist()
+        fsum = math.fsum
+        rcs = [fsum(durs[o:o + n]) if timed[i] else 0.0
+               for i, o, n in zip(entries, offs, lens.tolist(), strict=True)]
+        return total[e] - self._ws_off[e], rcs
+
+    def _entry_transients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                         list[bool]]:
+        """Per DP segment (_entry_keys' order): its recomputation's transient bytes with every
+        workspace (_Shape.transient_bytes); its transient workspaces, flattened, as (segment,
+        convolution, bytes); and whether its recomputation is timed (it drops maps and can
+        be recomputed). Memoised on the view."""
+        got = self.view.memo.get("entry transients")
+        if got is None:
+            shapes = [self._shape(a, b) for a, b in self._entry_keys()]
+            ws = [(i, o, n) for i, sh in enumerate(shapes) for o, n in sh.transient_workspaces]
+            got = self.view.memo["entry transients"] = (
+                np.array([sh.transient_bytes for sh in shapes], dtype=np.int64).reshape(-1),
+                *(np.array([w[k] for w in ws], dtype=np.int64).reshape(-1) for k in range(3)),
+                [bool(sh.dropped) and sh.valid for sh in shapes])
+        tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[bool]] = got
+        return tables
+
+    def _entry_chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every DP segment's recomputation chain as trace positions, in _entry_keys' order,
+        concatenated, with where each starts and its length (memoised on the view)."""
+        got = self.view.memo.get("entry chains")
+        if got is None:
+            pos = self.view.pos
+            chains = [self._shape(a, b).chain for a, b in self._entry_keys()]
+            size = np.array([len(c) for c in chains], dtype=np.int64).reshape(-1)
+            got = self.view.memo["entry chains"] = (
+                np.array([pos[o] for c in chains for o in c], dtype=np.int64).reshape(-1),
+                np.cumsum(size) - size, size)
+        flat: tuple[np.ndarray, np.ndarray, np.ndarray] = got
+        return flat
 
     def _entry_keys(self) -> list[tuple[int, int]]:
         """The DP's segments (a, b) in its rows' order, the same for every Segmenter of the
