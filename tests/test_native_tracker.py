@@ -117,6 +117,17 @@ def _native(*runs: dict) -> None:
         assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
 
 
+def _ab(monkeypatch, s, policy: str, cap: int, variable: str, a: str, b: str
+        ) -> tuple[dict, dict]:
+    """The case run with the environment's `variable` at `a`, then at `b`; both native."""
+    runs = []
+    for value in (a, b):
+        monkeypatch.setenv(variable, value)
+        runs.append(s.run(policy, cap, iters=2, warmup=1))
+    _native(*runs)
+    return runs[0], runs[1]
+
+
 @pytest.mark.parametrize("policy", ["vdnn:mode=all", "layrub"])
 def test_offload_plans_run_natively_with_the_same_gradients(cnn, monkeypatch,
                                                            policy: str) -> None:
@@ -219,12 +230,7 @@ def test_saved_tensors_from_their_frames_act_as_from_the_hooks(cnn, monkeypatch,
     from the saved-tensor hooks (VSIM_NATIVE_SAVED=hooks): none armed, the same actions,
     gradients bitwise equal."""
     trace, s = cnn
-    cap = _cap(trace)
-    monkeypatch.setenv("VSIM_NATIVE_SAVED", "hooks")
-    ref = s.run(policy, cap, iters=2, warmup=1)
-    monkeypatch.setenv("VSIM_NATIVE_SAVED", "frames")
-    got = s.run(policy, cap, iters=2, warmup=1)
-    _native(ref, got)
+    ref, got = _ab(monkeypatch, s, policy, _cap(trace), "VSIM_NATIVE_SAVED", "hooks", "frames")
     assert got["executed"]["native_saved"] == "frames"
     assert ref["executed"]["packs"] > 0 and got["executed"]["packs"] == 0
     # the frames' call backs, timed in C++
@@ -267,12 +273,7 @@ def test_a_gated_backward_counts_only_its_acting_nodes_and_acts_the_same(
     the count after backward resumed where calibration had it (else the iteration would
     diverge and leave the native tracker), gradients bitwise equal."""
     trace, s = cnn
-    cap = _cap(trace)
-    monkeypatch.setenv("VSIM_NATIVE_GATE", "off")
-    ref = s.run(policy, cap, iters=2, warmup=1)
-    monkeypatch.setenv("VSIM_NATIVE_GATE", "nodes")
-    got = s.run(policy, cap, iters=2, warmup=1)
-    _native(ref, got)
+    ref, got = _ab(monkeypatch, s, policy, _cap(trace), "VSIM_NATIVE_GATE", "off", "nodes")
     ex, rx = got["executed"], ref["executed"]
     assert ex["native_gate"] == "nodes" and rx["gated"] is False
     assert ex["gated"], ex["gate_note"]
