@@ -20,7 +20,7 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -77,12 +77,22 @@ class CachingAllocator(Allocator):
         """Whether `malloc` would find no cached block and no room under the capacity for a
         new segment: PyTorch's allocator would then synchronize the device and free its cache
         (release_cached_blocks) before it calls cudaMalloc again (`malloc(searched=True)`)."""
-        size = round_size(size_bytes)
-        pool = self.pools.get(("small" if size <= SMALL_SIZE else "large", stream))
-        if pool is not None and pool.free.by_size \
-                and -pool.free.by_size[0] >> ADDR_BITS >= size:
-            return False
-        return self.reserved_bytes + segment_size(size) > self.capacity_bytes
+        # (round_size and segment_size written out: the engine asks before most allocations
+        # while a copy is in flight)
+        size = MIN_BLOCK if size_bytes < MIN_BLOCK \
+            else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
+        if size <= SMALL_SIZE:
+            pool = self.pools.get(("small", stream))
+            grow = SMALL_BUFFER
+        else:
+            pool = self.pools.get(("large", stream))
+            grow = LARGE_BUFFER if size < MIN_LARGE_ALLOC \
+                else ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
+        if pool is not None:
+            by_size = pool.free.by_size
+            if by_size and -by_size[0] >> ADDR_BITS >= size:
+                return False
+        return self.reserved_bytes + grow > self.capacity_bytes
 
     def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False) -> object | None:
         """`searched`: the request already found no cached block before the device was
@@ -155,9 +165,38 @@ class CachingAllocator(Allocator):
     def free(self, block: object) -> None:
         assert isinstance(block, Block) and not block.free
         self.allocated_bytes -= block.size
-        owner = block.segment.owner
+        seg = block.segment
+        owner = seg.owner
         assert owner is not None
-        owner.give_back(block)
+        free = owner.free
+        if free.by_addr is not None:
+            owner.give_back(block)
+            return
+        # BlockPool.give_back written out (the caching pools keep no address order): the
+        # block is free again and merges with its free neighbours in its segment
+        block.free = True
+        seg.blocks_in_use -= 1
+        if seg.blocks_in_use == 0:
+            owner.free_segment_bytes += seg.size
+        prev, after = block.prev, block.next
+        by_size, blocks = free.by_size, free.blocks
+        if prev is not None and prev.free:
+            del by_size[bisect_left(by_size, -(prev.size << ADDR_BITS | prev.addr))]
+            del blocks[prev.addr]
+            prev.size += block.size
+            prev.next = after
+            if after is not None:
+                after.prev = prev
+            block = prev
+        if after is not None and after.free:
+            del by_size[bisect_left(by_size, -(after.size << ADDR_BITS | after.addr))]
+            del blocks[after.addr]
+            block.size += after.size
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+        insort(by_size, -(block.size << ADDR_BITS | block.addr))
+        blocks[block.addr] = block
 
     # (a Block: no isinstance check, the engine asks twice per allocation and per release)
     def block_size(self, block: object) -> int:

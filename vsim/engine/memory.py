@@ -131,9 +131,12 @@ class DeviceMemory:
         a = self.allocator
         self.blocks[tensor] = block
         self.state[tensor] = DEVICE
-        if a.has_segments:
+        if self._segments and a.reserved_bytes != self._reserved_seen:  # (as _segment_change)
             self._segment_change(now)
-        self.log += ("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, None)
+        if self._fields:  # (every resident tensor of every steady iteration comes here)
+            self.log += ("alloc", now, block.addr, block.size, 0, tensor, None)  # type: ignore
+        else:
+            self.log += ("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, None)
 
     def request_free(self, tensor: int, now: float, op: int | None) -> None:
         """The program frees the tensor while a copy still reads its block: PyTorch counts it
@@ -169,8 +172,15 @@ class DeviceMemory:
     def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)
-        if block is not None:
-            self.give_back(block, tensor, now, op)
+        if block is not None:  # give_back written out (a release per tensor)
+            if self._fields:
+                size, addr = block.size, block.addr  # type: ignore[attr-defined]
+            else:
+                size, addr = self._size(block), self._addr(block)
+            self._free(block)
+            self.log += ("free_completed", now, addr, size, 0, tensor, op)
+            if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
+                self._segment_change(now)
         self.state[tensor] = new_state
 
     def _segment_change(self, now: float) -> None:

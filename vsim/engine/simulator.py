@@ -30,6 +30,7 @@ from .memory import (
     OFFLOADING,
     PREFETCHING,
     RESIDENT,
+    UNBORN,
     DeviceMemory,
     OutOfMemory,
     Residency,
@@ -335,14 +336,17 @@ class Engine:
         # changed in place, never replaced)
         release_at_end, releasing = transfers._release_at_end, transfers._releasing  # noqa: SLF001
         scaled = self.scale is not None
+        # the clock's issue times (HostClock.issue, not replaced during a run)
+        clock_issue = clock.issue if clock is not None else {}
         prev_end = 0.0
         for op, gap, reads_in, cross_deps in steps:
             oid = op.id
             ready = prev_end + gap
-            if clock is not None and clock.ready_us(oid) > ready:
-                issued = clock.ready_us(oid)  # the GPU waits for the host to issue it
-                self.host_wait_us += issued - (ready if ready > env.now else env.now)
-                ready = issued
+            if clock is not None:  # (HostClock.ready_us written out)
+                issued = clock_issue[oid] + clock.extra_us
+                if issued > ready:  # the GPU waits for the host to issue it
+                    self.host_wait_us += issued - (ready if ready > env._now else env._now)
+                    ready = issued
             now = env._now  # noqa: SLF001
             if ready > now:
                 # Fast-forward: a timeout that would be the next event processed (the queue
@@ -420,7 +424,7 @@ class Engine:
                 if k < len(op.writes) and not (
                         yield from self._allocate_outputs(op, op_retime, k, failed)):
                     return
-                stall += env.now - wait_start  # waiting for offloads to give memory back
+                stall += env._now - wait_start  # waiting for offloads to give memory back
                 for off in index.offload_at.get(oid, ()):
                     transfers.offload(off)
                 acted = acted or oid in retime  # or it fell back
@@ -494,6 +498,31 @@ class Engine:
         recomputed ops read from outside their own chain is (it must be on the GPU, or be
         prefetched, when the recomputation starts)."""
         waits = []
+        if not recomputes:
+            # The common case (no recomputation before the op) with where and leaving written
+            # out: a tensor on the GPU and not leaving needs no wait (an offloading plan's
+            # every op comes here)
+            needed = set(op.reads).difference(op.writes)
+            needs = self.index.needs.get(op.id)
+            if needs:
+                needed.update(needs)
+            state_get, finished = self.memory.state.get, self.transfers.finished
+            release_op_get = self.transfers._release_op.get  # noqa: SLF001
+            for t in sorted(needed):
+                where = state_get(t, UNBORN)
+                if where is DEVICE or where is OFFLOADING and release_op_get(t) not in finished:
+                    continue
+                leaving = where is OFFLOADING  # (and its release op has ended)
+                arriving = self.transfers.arriving(t)
+                if arriving is not None:
+                    waits.append(arriving)
+                elif t in op.reads:
+                    state = (f"being offloaded and released after op "
+                             f"{self.transfers.release_op(t)}" if leaving else where.value)
+                    raise PlanError(f"op {op.id} ({op.name}, layer {op.layer}): its op reads "
+                                    f"tensor {t} which is {state}, and no prefetch brings it "
+                                    f"back")
+            return waits
         rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
         chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
         # What the op itself writes is allocated just after these waits.

@@ -53,7 +53,14 @@ class VDNNPlusPlus(FittedPolicy):
     def plan_for(self, a: Attempt) -> Plan:
         view, retimes = a.view, a.retimes
         ev = a.evictions()
-        for i, xs in sorted(offload_sets(view, self.mode).items()):
+        # the offload sets depend on the trace and mode alone: one pass per planning, not per
+        # budget (a planning's view is shared by its attempts)
+        key = ("vdnnpp offload sets", self.mode)
+        if key not in view.memo:
+            view.memo[key] = tuple((i, tuple(xs))
+                                   for i, xs in sorted(offload_sets(view, self.mode).items()))
+        sets: tuple[tuple[int, tuple[int, ...]], ...] = view.memo[key]
+        for i, xs in sets:
             lay = view.fwd[i]
             for x in xs:
                 ev.add_swap(x, Swap(x, lay.first, False, lay.last, view.end(lay.last),
