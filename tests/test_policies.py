@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -145,6 +146,31 @@ def test_vdnn_conv_offloads_only_conv_inputs():
         Offload(7, 5, False, 5), Sync(5),
         Prefetch(7, 9, 12), Sync(9), Prefetch(2, 12, 15), Sync(12), Prefetch(0, 15, 17),
         Sync(15)]
+
+
+def test_vdnn_dyn_tries_its_cheaper_configurations_when_all_m_does_not_fit():
+    """vDNN_all(m) holds the least memory of vDNN's configurations under the paper's allocator,
+    not always under PyTorch's caching one (a random network: vDNN_conv(p) fitted at 0.8 of the
+    peak where vDNN_all(m) did not). Where it does not fit, dyn still tries no offload, then
+    vDNN_conv(p), vDNN_all(p) and vDNN_conv(m), and says that the paper's rule would stop."""
+    pol = make_policy("vdnn:mode=dyn")
+    all_m = make_policy("vdnn:mode=all,algo=memory").plan_with(NET, HW, AMPLE,
+                                                                planning_runner(EXACT))
+    conv_p = plan("vdnn:mode=conv")
+    tried = []
+
+    def runner(trace, hw, p, allocator, capacity):  # a profiling run: only its report is read
+        tried.append(p)
+        return SimpleNamespace(report={"fits": p.actions == conv_p.actions})  # conv(p) fits
+
+    got = pol.plan_with(NET, HW, AMPLE, runner)
+    assert tried[0].actions == all_m.actions and len(tried) == 3  # all(m), none, conv(p)
+    assert got.actions == conv_p.actions
+    assert any("vDNN_conv(p), though vDNN_all(m) does not fit" in n for n in got.notes)
+    tried.clear()
+    nothing = pol.plan_with(NET, HW, AMPLE, lambda *a: SimpleNamespace(report={"fits": False}))
+    assert nothing.actions == all_m.actions
+    assert any("cannot be trained" in n for n in nothing.notes)
 
 
 def test_vdnn_memory_algorithms_retime_every_convolution_without_workspace():

@@ -165,6 +165,18 @@ class VDNN(Policy):
 
         all_m = self._static(trace, hw, view, "all", None)
         if not fits(all_m):
+            # The paper stops here: vDNN_all(m) holds the least memory of its configurations.
+            # Under PyTorch's caching allocator it need not (its blocks split and cache
+            # otherwise: on a random network vDNN_conv(p) fitted at 0.8 of the peak where
+            # vDNN_all(m) did not), so the cheaper configurations are still tried; not the
+            # greedy downgrades, whose every step is a run (issue 14: fall back, and say so).
+            for what, p in (("no offload with performance-optimal algorithms", Plan()),
+                            ("vDNN_conv(p)", self._static(trace, hw, view, "conv", set())),
+                            ("vDNN_all(p)", self._static(trace, hw, view, "all", set())),
+                            ("vDNN_conv(m)", self._static(trace, hw, view, "conv", None))):
+                if fits(p):
+                    return done(p, f"{what}, though vDNN_all(m) does not fit (where the "
+                                   "paper's rule gives up)")
             return done(all_m, "vDNN_all(m), which does not fit either: the network cannot be "
                                "trained at this capacity")
         base_p = Plan()
