@@ -20,7 +20,7 @@ Modelled rules (PyTorch 2.x defaults, no PYTORCH_CUDA_ALLOC_CONF):
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -165,38 +165,9 @@ class CachingAllocator(Allocator):
     def free(self, block: object) -> None:
         assert isinstance(block, Block) and not block.free
         self.allocated_bytes -= block.size
-        seg = block.segment
-        owner = seg.owner
+        owner = block.segment.owner
         assert owner is not None
-        free = owner.free
-        if free.by_addr is not None:
-            owner.give_back(block)
-            return
-        # BlockPool.give_back written out (the caching pools keep no address order): the
-        # block is free again and merges with its free neighbours in its segment
-        block.free = True
-        seg.blocks_in_use -= 1
-        if seg.blocks_in_use == 0:
-            owner.free_segment_bytes += seg.size
-        prev, after = block.prev, block.next
-        by_size, blocks = free.by_size, free.blocks
-        if prev is not None and prev.free:
-            del by_size[bisect_left(by_size, -(prev.size << ADDR_BITS | prev.addr))]
-            del blocks[prev.addr]
-            prev.size += block.size
-            prev.next = after
-            if after is not None:
-                after.prev = prev
-            block = prev
-        if after is not None and after.free:
-            del by_size[bisect_left(by_size, -(after.size << ADDR_BITS | after.addr))]
-            del blocks[after.addr]
-            block.size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-        insort(by_size, -(block.size << ADDR_BITS | block.addr))
-        blocks[block.addr] = block
+        owner.give_back(block)  # its merge has the caching pools' steps written out
 
     # (a Block: no isinstance check, the engine asks twice per allocation and per release)
     def block_size(self, block: object) -> int:

@@ -172,15 +172,8 @@ class DeviceMemory:
     def release(self, tensor: int, now: float, op: int | None, new_state: Residency) -> None:
         """Return the device copy (if any) and move the tensor to `new_state`."""
         block = self.blocks.pop(tensor, None)
-        if block is not None:  # give_back written out (a release per tensor)
-            if self._fields:
-                size, addr = block.size, block.addr  # type: ignore[attr-defined]
-            else:
-                size, addr = self._size(block), self._addr(block)
-            self._free(block)
-            self.log += ("free_completed", now, addr, size, 0, tensor, op)
-            if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
-                self._segment_change(now)
+        if block is not None:
+            self.give_back(block, tensor, now, op)
         self.state[tensor] = new_state
 
     def _segment_change(self, now: float) -> None:
