@@ -296,10 +296,10 @@ def test_a_flagged_count_between_backward_nodes_cannot_be_gated() -> None:
     cal.node_spans = [(2, 3), (3, 4), (5, 6), (-1, -1)]  # count 4 runs between nodes
     flags = bytearray(8)
     flags[5] = 1
-    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], None)
+    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], [5], None)
     flags[4] = 2
-    starts, why = gate(cal, bytes(flags))
-    assert starts is None and "counted call 4 (aten.c4)" in why
+    starts, last, why = gate(cal, bytes(flags))
+    assert starts is None and last == [] and "counted call 4 (aten.c4)" in why
     cal.backwards = 1
     assert gate(cal, bytes(8))[0] is None
 

@@ -153,8 +153,8 @@ class Calibration:
     frame_of: list[tuple[int, int]] = field(default_factory=list)
     flagged: dict[int, tuple[Any, bool]] = field(default_factory=dict)
     # backward's nodes (counter.cpp's Gate), in walk order from its root: each one's (first
-    # count, count after), -1 where it did not run; backward's first count, the first count
-    # after it, and how many more backwards the step made (-1: none seen)
+    # count, count after), -1 where it did not run; backward's first count and the first count
+    # after it (-1: no backward seen), and how many more backwards the step made
     node_spans: list[tuple[int, int]] = field(default_factory=list)
     backward_at: int = -1
     after_backward: int = -1
@@ -330,50 +330,41 @@ def targets(cal: Calibration, boundary_calls: list[int],
                              f"{python_name(cal.names[c])} nor saved for backward within it, "
                              "nor an output of a frame of its own")
     _frame_targets(cal, flags, out, watched)
-    out.gate, out.gate_note = gate(cal, bytes(flags))
-    if out.gate is not None:
-        for c in last_flagged(cal, bytes(flags), out.gate):
-            flags[c] |= 16
+    out.gate, last, out.gate_note = gate(cal, bytes(flags))
+    for c in last:
+        flags[c] |= 16
     out.flags = bytes(flags)
     return out
 
 
-def gate(cal: Calibration, flags: bytes) -> tuple[list[int] | None, str | None]:
+def gate(cal: Calibration, flags: bytes
+         ) -> tuple[list[int] | None, list[int], str | None]:
     """Backward's nodes to count in (counter.cpp's Gate): those that hold a count with a flag,
-    each from its first count; every other node runs without the tracker. (None, why) where a
-    flagged count of backward lies outside every node (the engine's own gradient sums between
-    nodes), or the step's backward is not one walk of one graph."""
+    each from its first count, and each one's last flagged count, after which it runs without
+    the tracker too (OFF); every other node runs without it. (None, [], why) where a flagged
+    count of backward lies outside every node (the engine's own gradient sums between nodes),
+    or the step's backward is not one walk of one graph."""
     if cal.backward_at < 0 or cal.after_backward < 0 or not cal.node_spans:
-        return None, "no backward, or no counted call after it"
+        return None, [], "no backward, or no counted call after it"
     if cal.backwards:
-        return None, f"the step ran {cal.backwards + 1} backwards"
+        return None, [], f"the step ran {cal.backwards + 1} backwards"
     from bisect import bisect_right
 
     root_end = cal.node_spans[0][1]
     spans = sorted((a, b, i) for i, (a, b) in enumerate(cal.node_spans) if i > 0 and a >= 0)
     starts = [a for a, _, _ in spans]
     start = [-1] * len(cal.node_spans)
+    last: dict[int, int] = {}  # gated node -> its last flagged count (counts ascend)
     for c in range(cal.backward_at, cal.after_backward):
         if not flags[c] or c < root_end:
             continue  # backward's root counts on from where the walk began
         j = bisect_right(starts, c) - 1
         if j < 0 or not spans[j][0] <= c < spans[j][1]:
-            return None, (f"counted call {c} ({python_name(cal.names[c])}), where the executor "
-                          "acts, runs in backward outside every node")
+            return None, [], (f"counted call {c} ({python_name(cal.names[c])}), where the "
+                              "executor acts, runs in backward outside every node")
         start[spans[j][2]] = spans[j][0]
-    return start, None
-
-
-def last_flagged(cal: Calibration, flags: bytes, start: list[int]) -> list[int]:
-    """Each gated node's last count with a flag: after it the node's calls run without the
-    tracker (counter.cpp's OFF)."""
-    got = []
-    for i, s in enumerate(start):
-        if s < 0:
-            continue
-        end = cal.node_spans[i][1]
-        got.append(max(c for c in range(s, end) if flags[c]))
-    return got
+        last[spans[j][2]] = c
+    return start, sorted(last.values()), None
 
 
 def _own_frame(cal: Calibration, k: int) -> tuple[int, int] | None:

@@ -462,8 +462,7 @@ struct SpanPost : torch::autograd::FunctionPostHook {
 };
 
 // The graph from backward's root, depth first along next_edges, root first.
-template <class N>
-std::vector<torch::autograd::Node*> walk(N* root) {
+std::vector<torch::autograd::Node*> walk(torch::autograd::Node* root) {
   std::vector<torch::autograd::Node*> order;
   std::unordered_set<torch::autograd::Node*> seen{root};
   std::vector<torch::autograd::Node*> stack{root};
@@ -623,8 +622,6 @@ void do_begin() {
     G.spans.clear();
     G.backward_at = G.after_at = -1;
     G.nodes = G.backwards = 0;
-  }
-  if (S.calibrating) {
     S.names.clear();
     S.frames.clear();
   }
