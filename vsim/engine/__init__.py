@@ -218,9 +218,8 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
     # their calls' frames, backward gated ("native-frames-gated"); "native": the saved-tensor
     # hooks on only where a save is armed; "native-always": the native tracker before
     # 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those saves taken
-    # from their calls' frames
-    # (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes without an action
-    # untracked (VSIM_NATIVE_GATE=nodes)
+    # from their calls' frames (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes
+    # without an action untracked (VSIM_NATIVE_GATE=nodes)
     name = tracker or "native-frames-gated"
     gated = name.endswith("-gated")
     name = name.removesuffix("-gated")
@@ -264,8 +263,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     pays native_us_per_call per counted call and its saved-tensor hooks (pack_us) on the
     forward ops with a save the plan acts on; "native-always" (the native tracker before
     2026-11-27T08:30) the hooks on every forward op; a "-gated" suffix ("native-gated") counts
-    only the backward ops the plan acts at, and those from their first call to their first
-    (hostclock.gated_calls; VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None:
+    only the backward ops the plan acts at, one call each (hostclock.gated_calls; VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None:
     "native-frames-gated", as the runtime's default ("auto") runs every plan where the native
     tracker builds.
     Planning profiling runs use the same tracker (planning_runner), so that a plan is judged

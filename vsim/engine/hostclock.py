@@ -65,9 +65,9 @@ def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
 def gated_calls(trace: Trace, index: PlanIndex) -> dict[int, float]:
     """Counted calls a gated native tracker makes in backward's ops other than its first
     (counter.cpp's Gate; every other op is counted whole): an op (an autograd node) the plan
-    acts before, or after the op before it, is counted from its first call to its first, where
-    the runtime acts (its last flagged call, after which the node runs untracked); every other
-    backward op not at all."""
+    acts before, or after the op before it, one call, its first, where the runtime acts (then
+    the node's last flagged call, after which it runs untracked); every other backward op
+    none."""
     acting, after = index.acts_before, index.acts_after
     got: dict[int, float] = {}
     first = True
