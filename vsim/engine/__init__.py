@@ -264,10 +264,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     forward ops with a save the plan acts on; "native-always" (the native tracker before
     2026-11-27T08:30) the hooks on every forward op; a "-gated" suffix ("native-gated") counts
     only the backward ops the plan acts at, one call each (hostclock.gated_calls;
-    VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None: "native-frames-gated", as the runtime's default ("auto") runs every plan where the native
-    tracker builds.
-    Planning profiling runs use the same tracker (planning_runner), so that a plan is judged
-    under the host costs it runs with.
+    VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None: "native-frames-gated", as the
+    runtime's default ("auto") runs every plan where the native tracker builds. Planning
+    profiling runs use the same tracker (planning_runner), so that a plan is judged under the
+    host costs it runs with.
 
     `dgrad_workspace`: a backward convolution first allocates and frees its data-gradient
     kernel's workspace, about its forward convolution's (TracePrep.dgrad_workspaces), which the
