@@ -84,7 +84,8 @@ def test_a_watched_output_no_counted_call_returns_comes_from_its_own_frame() -> 
                   (0, 2, "aten::addmm.default", 0)]
     cal.frame_of = [(0, 1), (0, 2)]
     tg = targets(cal, boundary_calls=[], watch={0: [(0, 7)]})
-    assert tg.frame_watch == {1: [(0, 7)]} and tg.frame_flags == {1: 2}
+    # called back with its outputs alone (32): the frame is no recorded call
+    assert tg.frame_watch == {1: [(0, 7)]} and tg.frame_flags == {1: 32}
     assert tg.flags == bytes([4]) and tg.frame_count == {0: 3}
     cal.frame_of = [(0, 0), (0, 2)]  # seen inside linear's frame, not its own
     with pytest.raises(Unsafe, match="nor an output of a frame of its own"):

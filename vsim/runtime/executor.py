@@ -105,6 +105,10 @@ class IterationStats:
     # the native actions' CUDA calls around the copies (events recorded and waited for, stream
     # switches, record_stream), which a C++ runtime of the plan makes as well
     event_us: float = 0.0
+    # giving a released or dropped tensor's block back to the allocator (storage resize to 0:
+    # the caching allocator's free, with an event per stream that used the block), the
+    # counterpart of alloc_us; timed from 2026-11-28
+    free_us: float = 0.0
     recompute_us: float = 0.0
     # part of recompute_us: inside the replayed aten calls themselves (their dispatch, launch
     # and allocations, which any runtime recomputing through PyTorch pays); the rest of it is
@@ -555,7 +559,9 @@ class Executor(Recomputation, NativeRuns):
             return
         st = self._storage(t)
         if st is not None:
+            t0 = time.perf_counter()
             st.resize_(0)
+            self.stats.free_us += (time.perf_counter() - t0) * 1e6
         self.state[t] = "host"
 
     def _prefetch(self, t: int) -> None:
@@ -656,7 +662,9 @@ class Executor(Recomputation, NativeRuns):
         st = self._storage(t)
         if st is None:
             return
+        t0 = time.perf_counter()
         st.resize_(0)
+        self.stats.free_us += (time.perf_counter() - t0) * 1e6
         self.state[t] = how
         if how == "dropped":
             self.stats.drops += 1

@@ -369,7 +369,9 @@ class NativeRuns:
         flags: dict[int, int] = {}
         for key in tg.frame_flags:
             k = tg.frame_call.get(key)
-            nf = 2 if key in tg.frame_watch or (k is not None and k in self.constant_calls) \
+            # the outputs alone (counter.cpp's OUTS): what Python needs of a frame when the
+            # programs replay (the watched tensors, the constants kept); arguments are captured
+            nf = 32 if key in tg.frame_watch or (k is not None and k in self.constant_calls) \
                 else 0
             if key in captured:
                 nf |= 8 | (16 if captured[key] else 0)
@@ -423,6 +425,9 @@ class NativeRuns:
                 self.register(pairs, out)
             k = tg.frame_call.get(key)
             if k is None:
+                return
+            if name is None:  # outputs alone (counter.cpp's OUTS): a compiled iteration's
+                self.on_call(None, None, None, out, None, k)  # a constant to keep, if any
                 return
             func, random = cal.flagged[k]
             if name != _cpp_name(func):

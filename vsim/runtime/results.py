@@ -159,7 +159,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
         # Per iteration, then the median: the parts' medians come from different iterations
         # where the allocator retries in some (their waits vary by tens of ms)
         return (s.host_us - s.alloc_us - s.copy_us - s.pool_wait_us - s.event_us
-                - s.replay_call_us)
+                - s.replay_call_us - s.free_us)
 
     return {"offloads": stats.offloads, "prefetches": stats.prefetches, "drops": stats.drops,
             "releases": stats.releases, "recomputed_calls": stats.recomputed_calls,
@@ -171,6 +171,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_copy_us": us("copy_us"),
             "executor_pool_wait_us": us("pool_wait_us"),
             "executor_event_us": us("event_us"),
+            "executor_free_us": us("free_us"),  # from 2026-11-28
             "executor_recompute_us": us("recompute_us"),
             "executor_replay_call_us": us("replay_call_us"),
             "executor_record_us": us("record_us"),

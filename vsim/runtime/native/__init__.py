@@ -192,8 +192,8 @@ class Targets:
     # frame_key(count, number among the count's saves) -> trace tensor
     packs: dict[int, int] = field(default_factory=dict)
     expect: dict[int, str] = field(default_factory=dict)
-    # frames: frame_key(count, number) -> 1 before (RNG state) | 2 after (arguments, outputs),
-    # its operator, the Python call it is; each framed count's number of frames
+    # frames: frame_key(count, number) -> 1 before (RNG state) | 2 after (arguments, outputs)
+    # | 32 after (outputs alone: a frame only watched), its operator, the Python call it is; each framed count's number of frames
     frame_flags: dict[int, int] = field(default_factory=dict)
     frame_expect: dict[int, str] = field(default_factory=dict)
     frame_call: dict[int, int] = field(default_factory=dict)
@@ -409,7 +409,9 @@ def _frame_targets(cal: Calibration, flags: bytearray, out: Targets,
     for k, pairs in watched.items():
         c, j = cal.frame_of[k]
         key = frame_key(c, j)
-        out.frame_flags[key] = out.frame_flags.get(key, 0) | 2
+        # outputs alone (32, counter.cpp's OUTS) unless the frame is a recorded call's too
+        f = out.frame_flags.get(key, 0)
+        out.frame_flags[key] = f | (2 if f & 2 else 32)
         out.frame_expect[key] = names[(c, j)]
         out.frame_watch[key] = pairs
         out.frame_count[c] = counts[c]

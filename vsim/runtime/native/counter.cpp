@@ -58,8 +58,10 @@ constexpr auto KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
 // the tracker (Gate)
 enum Flag : uint8_t { PRE = 1, POST = 2, FRAMES = 4, SAVES = 8, OFF = 16 };
 // frame flags of the compiled replay (replay.cpp): capture the frame's arguments, and its RNG
-// state before it runs
-enum CaptureFlag : uint8_t { CAPTURE = 8, CAPTURE_RNG = 16 };
+// state before it runs; OUTS: call back after it with its outputs alone (a frame watched only
+// for the trace tensors it returns, such as batch norm's saved statistics: its arguments made
+// into Python objects were most of a call back's cost)
+enum CaptureFlag : uint8_t { CAPTURE = 8, CAPTURE_RNG = 16, OUTS = 32 };
 
 // Frames: within a counted call, the calls made above autograd (the counted call itself, the
 // calls a composite decomposes into, autocast's casts): the calls a Python dispatch mode sees,
@@ -246,6 +248,18 @@ void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
   });
 }
 
+// After a frame flagged OUTS: its outputs alone, name and arguments None.
+void outputs_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
+                       torch::jit::Stack* stack) {
+  const auto t0 = std::chrono::steady_clock::now();
+  in_python([&] {
+    S.frame_callback(c, j, py::none(), py::none(), py::none(), outputs_of(op, stack), true);
+  });
+  ++frame_cb_n;
+  frame_cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - t0).count();
+}
+
 struct Running {
   explicit Running(int64_t j) { running.push_back(j); ++depth; }
   ~Running() { running.pop_back(); --depth; }
@@ -292,7 +306,11 @@ void run_frame(const c10::OperatorHandle& op, c10::DispatchKeySet ks, c10::Dispa
 #ifndef VSIM_NO_REPLAY
   if (ff & CAPTURE) vsim_replay::capture(frame_key(c, j), op, args, std::move(rng));
 #endif
-  if (ff & POST) frame_call_back(c, j, op, &args, stack);
+  if (ff & POST) {
+    frame_call_back(c, j, op, &args, stack);
+  } else if (ff & OUTS) {
+    outputs_call_back(c, j, op, stack);
+  }
 }
 
 struct Framing {
@@ -828,7 +846,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("recorded", &do_recorded, "calibration: each counted call's operator name");
   m.def("arm", &do_arm);
   m.def("arm_frames", &do_arm_frames, "frames to call back at: frame_key(count, number) -> "
-        "1 before / 2 after with arguments; each framed count's number of frames; names");
+        "1 before / 2 after with arguments / 32 after with outputs only; each framed count's "
+        "number of frames; names");
   m.def("frames", &do_frames, "calibration: every frame (count, number, name, parent)");
   m.def("frame", &do_frame, "the frame running on this thread: (count, number) or (-1, -1)");
   m.def("disarm", &do_disarm);
