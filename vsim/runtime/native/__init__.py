@@ -193,7 +193,8 @@ class Targets:
     packs: dict[int, int] = field(default_factory=dict)
     expect: dict[int, str] = field(default_factory=dict)
     # frames: frame_key(count, number) -> 1 before (RNG state) | 2 after (arguments, outputs)
-    # | 32 after (outputs alone: a frame only watched), its operator, the Python call it is; each framed count's number of frames
+    # | 32 after (outputs alone: a frame only watched), its operator, the Python call it is;
+    # each framed count's number of frames
     frame_flags: dict[int, int] = field(default_factory=dict)
     frame_expect: dict[int, str] = field(default_factory=dict)
     frame_call: dict[int, int] = field(default_factory=dict)
