@@ -286,6 +286,52 @@ def test_a_gated_backward_counts_only_its_acting_nodes_and_acts_the_same(
         assert ex[key] == rx[key]
 
 
+@pytest.fixture(scope="module")
+def transformer():
+    from vsim.record.recorder import record_model
+    from vsim.runtime.measure import Session
+
+    trace = record_model("tiny-transformer", 4, device="cpu", warmup=1, iters=2, timing_iters=1)
+    return trace, Session("tiny-transformer", 4, trace, device="cpu", warmup=1)
+
+
+@pytest.mark.parametrize("policy", ["hybrid", "layrub", "superneurons",
+                                    "recompute:strategy=sqrt", "vdnn:mode=all"])
+def test_a_gated_forward_skips_module_calls_without_actions_and_acts_the_same(
+        transformer, monkeypatch, policy: str) -> None:
+    """VSIM_NATIVE_FWD_GATE=modules (vsim.runtime.fwdgate): forward's module calls in which the
+    plan acts at no count run without the tracker, their count resynchronised by module hooks;
+    fewer calls pass its key, the same actions and bytes, gradients bitwise equal, and the
+    hooks come off the model with the case."""
+    trace, s = transformer
+    ref, got = _ab(monkeypatch, s, policy, _cap(trace), "VSIM_NATIVE_FWD_GATE", "off",
+                   "modules")
+    ex, rx = got["executed"], ref["executed"]
+    assert rx["fwd_gated"] is None and ex["native_fwd_gate"] == "modules"
+    assert ex["fwd_gated"] > 0
+    assert ex["calls_through_tracker"] < rx["calls_through_tracker"]
+    assert got["check"]["bitwise_equal"], got["check"]
+    for key in ("d2h_bytes", "h2d_bytes"):
+        assert got[key] == ref[key]
+    for key in ("offloads", "prefetches", "drops", "recomputed_calls"):
+        assert ex[key] == rx[key]
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in s.net.modules())
+
+
+def test_the_forward_gate_chooses_the_outermost_calls_without_an_action() -> None:
+    from vsim.runtime.fwdgate import choose
+
+    a, b, c = object(), object(), object()
+    # block a (counts 0-10) holds b twice (0-4, 4-8) and c once (8-10); count 6 is acted at
+    calls = [(1, a, 0, 10), (2, b, 0, 4), (2, b, 4, 8), (3, c, 8, 10)]
+    got = choose(calls, {6})
+    assert got == {2: (b, [(0, 4), None]), 3: (c, [(8, 10)])}
+    # nothing acted at: the block alone, its parts not hooked
+    assert choose(calls, set()) == {1: (a, [(0, 10)])}
+    # a call with no counts, or one that started inside a counted call (-1), is not gated
+    assert choose([(1, a, 3, 3), (2, b, -1, 5)], set()) == {}
+
+
 def test_a_flagged_count_between_backward_nodes_cannot_be_gated() -> None:
     """A count the executor acts at that runs in backward outside every node (the engine's
     own gradient sums between nodes) leaves the whole backward counted."""

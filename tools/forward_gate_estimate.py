@@ -7,7 +7,8 @@ forward pre-hook and a forward hook. Per case: forward counted calls (the H100 p
 the plan acts on), and the saving at `--call-us` per counted call less `--hooks-us` per gated
 module call (a pre-hook 1.0 us on the H100, validation/host/waits/ section 8; the forward
 hook and two calls into the counter about as much again). Module calls are the trace's layer
-names: contiguous ops sharing a dotted prefix. An estimate, not a measurement.
+names: contiguous ops sharing a dotted prefix (vsim.engine.hostclock.forward_gated, the host
+model's charge for runs under VSIM_NATIVE_FWD_GATE=modules). An estimate, not a measurement.
 
     python tools/forward_gate_estimate.py CASE_ID... [--call-us 2.6] [--hooks-us 2.3]
 """
@@ -17,36 +18,10 @@ from __future__ import annotations
 import argparse
 import glob
 
-from vsim.engine.hostclock import hooked_ops, noted_ops
+from vsim.engine.hostclock import forward_gated
 from vsim.host import load_host_model
 from vsim.plan import PlanIndex
 from vsim.validate import case_inputs, load_cases, simulate_case
-
-
-def gateable(trace, index) -> tuple[set[int], int]:  # type: ignore[no-untyped-def]
-    """The forward ops inside outermost module calls with no op acted at, and those calls."""
-    acted = {*index.acts_before, *index.acts_after, *index.recomputed_ops,
-             *noted_ops(trace, index), *hooked_ops(trace, index)}
-    producer = {t: op.id for op in trace.ops for t in op.writes}
-    acted |= {producer[t] for t in index.tensors_acted_on() if t in producer}
-    fwd = [op for op in trace.ops if op.phase == "fwd"]
-    depth = max((len(op.layer.split(".")) for op in fwd if op.layer), default=0)
-    gated: set[int] = set()
-    calls = 0
-    for d in range(1, depth + 1):  # outermost first: a gated call hides the calls inside it
-        run: list = []
-        key = None
-        for op in [*fwd, None]:
-            parts = op.layer.split(".") if op is not None and op.layer else []
-            k = ".".join(parts[:d]) if len(parts) >= d else None
-            if k is None or k != key:
-                if run and not any(o.id in acted or o.id in gated for o in run):
-                    gated.update(o.id for o in run)
-                    calls += 1
-                run, key = [], k
-            if k is not None:
-                run.append(op)
-    return gated, calls
 
 
 def main() -> None:
@@ -62,7 +37,8 @@ def main() -> None:
         host = load_host_model(case.hardware)
         assert host is not None
         index = PlanIndex(simulate_case(case, trace, hw, measured).plan)
-        gated, calls = gateable(trace, index)
+        gated, firsts = forward_gated(trace, index)
+        calls = len(firsts)
         fwd = sum(host.counted(op) for op in trace.ops if op.phase == "fwd")
         inside = sum(host.counted(op) for op in trace.ops if op.id in gated)
         saved = inside * args.call_us - calls * args.hooks_us

@@ -101,6 +101,11 @@ class HostModel:
     # backward gated (VSIM_NATIVE_GATE=nodes, counter.cpp's Gate): a backward op's counted
     # calls are charged only where the plan acts at it; its other nodes run untracked
     gated: bool = False
+    # forward gated by module hooks (VSIM_NATIVE_FWD_GATE=modules, vsim.runtime.fwdgate): a
+    # forward op inside a module call with no action is not counted; each such call pays
+    # `module_hooks_us` (a forward pre-hook and a forward hook, each calling the counter)
+    forward_gated: bool = False
+    module_hooks_us: float = 0.0
     counted_calls: dict[str, float] = field(default_factory=dict)
     counted_default: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -245,6 +250,8 @@ def read_host_model(path: Path) -> HostModel:
                      calls_per_op=calls, calls_default=calls_default,
                      native_us_per_call=us(executor.get("native_us_per_call", 0.0),
                                            "executor.native_us_per_call"),
+                     module_hooks_us=us(executor.get("module_hooks_us", 0.0),
+                                        "executor.module_hooks_us"),
                      counted_calls=counted, counted_default=counted_default)
 
 

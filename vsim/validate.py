@@ -323,7 +323,8 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
         if executed.get("native_hooks") != "armed":
             return "native-always"
         name = "native-frames" if executed.get("native_saved") == "frames" else "native"
-        return name + ("-gated" if executed.get("gated") else "")
+        return name + ("-gated" if executed.get("gated") else "") + \
+            ("-modules" if executed.get("fwd_gated") else "")
     return "python"
 
 

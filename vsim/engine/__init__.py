@@ -219,12 +219,16 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
     # hooks on only where a save is armed; "native-always": the native tracker before
     # 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those saves taken
     # from their calls' frames (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes
-    # without an action untracked (VSIM_NATIVE_GATE=nodes)
+    # without an action untracked (VSIM_NATIVE_GATE=nodes); then "-modules": forward's module
+    # calls without an action untracked (VSIM_NATIVE_FWD_GATE=modules)
     name = tracker or "native-frames-gated"
+    modules = name.endswith("-modules")
+    name = name.removesuffix("-modules")
     gated = name.endswith("-gated")
     name = name.removesuffix("-gated")
     hooks = {"native-always": "always", "native-frames": "frames"}.get(name, "armed")
-    return dataclasses.replace(host, tracker_us_per_op=0.0, hooks=hooks, gated=gated)
+    return dataclasses.replace(host, tracker_us_per_op=0.0, hooks=hooks, gated=gated,
+                               forward_gated=modules)
 
 
 def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | None,
@@ -264,7 +268,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     forward ops with a save the plan acts on; "native-always" (the native tracker before
     2026-11-27T08:30) the hooks on every forward op; a "-gated" suffix ("native-gated") counts
     only the backward ops the plan acts at, one call each (hostclock.gated_calls;
-    VSIM_NATIVE_GATE=nodes, counter.cpp's Gate); None: "native-frames-gated", as the
+    VSIM_NATIVE_GATE=nodes, counter.cpp's Gate), and a further "-modules" none in forward's
+    module calls without an action (hostclock.forward_gated; VSIM_NATIVE_FWD_GATE=modules);
+    None: "native-frames-gated", as the
     runtime's default ("auto") runs every plan where the native tracker builds. Planning
     profiling runs use the same tracker (planning_runner), so that a plan is judged under the
     host costs it runs with.

@@ -81,6 +81,37 @@ def gated_calls(trace: Trace, index: PlanIndex) -> dict[int, float]:
     return got
 
 
+def forward_gated(trace: Trace, index: PlanIndex) -> tuple[frozenset[int], dict[int, int]]:
+    """Forward gated by module hooks (vsim.runtime.fwdgate; HostModel.forward_gated): the
+    forward ops inside the outermost module calls in which the runtime acts at no op (an
+    action before or after it, a recorded or noted op, a hooked save, the producer of a tensor
+    the plan acts on), which the tracker does not count, and per such call its first op (where
+    its hooks are charged) -> 1. A module call is a run of consecutive forward ops whose layer
+    names share a dotted prefix (the trace knows no module calls as such)."""
+    acted = {*index.acts_before, *index.acts_after, *index.recomputed_ops,
+             *noted_ops(trace, index), *hooked_ops(trace, index)}
+    touched = index.tensors_acted_on()
+    acted.update(op.id for op in trace.ops if any(t in touched for t in op.writes))
+    fwd = [op for op in trace.ops if op.phase == "fwd"]
+    depth = max((op.layer.count(".") + 1 for op in fwd if op.layer), default=0)
+    gated: set[int] = set()
+    firsts: dict[int, int] = {}
+    for d in range(1, depth + 1):  # outermost first: a gated call hides the calls inside
+        run: list[Op] = []
+        key: str | None = None
+        for op in [*fwd, None]:
+            parts = op.layer.split(".") if op is not None and op.layer else []
+            k = ".".join(parts[:d]) if len(parts) >= d else None
+            if k is None or k != key:
+                if run and not any(o.id in acted or o.id in gated for o in run):
+                    gated.update(o.id for o in run)
+                    firsts[run[0].id] = 1
+                run, key = [], k
+            if op is not None and k is not None:
+                run.append(op)
+    return frozenset(gated), firsts
+
+
 def hooked_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     """The forward ops the native tracker's saved-tensor hooks are on for (hooks "armed"): those
     with an output the plan acts on other than their first, which their counted call does not
@@ -161,6 +192,11 @@ class HostClock:
                        *noted, *(hooked or ())} if hooked is not None else None
         # a gated backward counts only the nodes the plan acts at (HostModel.gated)
         gated = gated_calls(trace, acting) if acting is not None and model.gated else {}
+        # and a gated forward none inside its gated module calls, which pay their hooks
+        hooks_at: dict[int, int] = {}
+        if acting is not None and model.forward_gated:
+            quiet, hooks_at = forward_gated(trace, acting)
+            gated.update(dict.fromkeys(quiet, 0.0))
         issue = self.issue
         for op, clock, calls in zip(trace.ops, clocks, counted, strict=True):
             if charged is None or op.id in charged:
@@ -170,6 +206,8 @@ class HostClock:
             runtime += per_op + before
             if per_call:
                 runtime += per_call * min(calls, gated.get(op.id, calls))
+            if hooks_at and op.id in hooks_at:
+                runtime += model.module_hooks_us
             issue[op.id] = clock + runtime
             runtime += after
         self.unscaled = self.issue  # the issue times at the host's usual speed

@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError
+from . import fwdgate
 from . import native as nativemod
 from .opmap import OpSequenceError
 from .tracker import Tracker
@@ -69,6 +70,13 @@ def native_saved() -> str:
     saves through autograd's Python hooks at 6.4 us each), or where autograd saves it
     ("hooks", VSIM_NATIVE_SAVED=hooks; validation/host/waits/ section 8)."""
     return _choice("VSIM_NATIVE_SAVED", ("frames", "hooks"))
+
+
+def native_fwd_gate() -> str:
+    """Whether forward's module calls with no call the plan acts at run without the tracker
+    ("modules": vsim.runtime.fwdgate's module hooks; opt-in) or every forward call is counted
+    ("off", the default; VSIM_NATIVE_FWD_GATE)."""
+    return _choice("VSIM_NATIVE_FWD_GATE", ("off", "modules"))
 
 
 def native_gate() -> str:
@@ -150,6 +158,10 @@ class NativeRuns:
         self.gated: bool | None = None       # whether the last native iteration gated
         self.calls_through: int | None = None  # its calls through the tracker's key
         self.gate_note: str | None = None      # why the plan's backward is not gated
+        self.native_fwd_gate = native_fwd_gate()
+        self._fwd_gate: fwdgate.ForwardGate | None = None  # the hooks of _fwd_gate_tg's choice
+        self._fwd_gate_tg: Any = None
+        self.fwd_gated: int | None = None  # forward module calls the last iteration gated
         if tracker == "python":
             return
         self._native = nativemod.load()
@@ -213,8 +225,13 @@ class NativeRuns:
         nat.arm(b"", {}, self._calibration_outputs)
         nat.begin()
         self.calibrating = nat
+        # the module calls, where forward is to be gated (its hooks turn the saved-tensor
+        # hooks off per call, which needs them armed per call)
+        forward = self.native_fwd_gate == "modules" and self.native_hooks == "armed"
+        recorder: contextlib.AbstractContextManager[list[Any]] = (
+            fwdgate.module_calls(nat) if forward else contextlib.nullcontext([]))
         try:
-            with Tracker(self):  # type: ignore[arg-type]
+            with recorder as module_calls, Tracker(self):  # type: ignore[arg-type]
                 step()
         finally:
             self.calibrating = None
@@ -235,10 +252,14 @@ class NativeRuns:
                               f"aten calls, the map has {self.map.n_calls}")
             return
         try:
-            self._cal[key] = (cal, nativemod.targets(cal, self.boundary_calls(), self.watch,
-                                                     self.native_saved == "frames"))
+            tg = nativemod.targets(cal, self.boundary_calls(), self.watch,
+                                   self.native_saved == "frames")
         except nativemod.Unsafe as exc:
             self._cal[key] = f"native tracker not used: {exc}"
+            return
+        if forward:
+            tg.forward = fwdgate.choose(module_calls, fwdgate.acted_counts(tg))
+        self._cal[key] = (cal, tg)
 
     def _calibration_outputs(self, count: int, out: Any, post: bool) -> None:
         got = []
@@ -300,7 +321,10 @@ class NativeRuns:
             self.gate_note = tg.gate_note
             if tg.gate is not None:
                 nat.arm_gate(tg.gate, cal.after_backward)
+        gate = self._forward_gate(tg)
         nat.begin()
+        if gate is not None:
+            gate.begin()
         try:
             with hooks:
                 step()
@@ -322,6 +346,9 @@ class NativeRuns:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             raise
         finally:
+            if gate is not None:
+                gate.end()
+            self.fwd_gated = gate.gated if gate is not None else None
             self._logs = None
             self._native_count = nat.count()
             self.gated, self.calls_through = nat.gated()
@@ -333,6 +360,22 @@ class NativeRuns:
             self._packed(packs, ns / 1e3)
             if compiled:
                 self._captured(*nat.captured())
+
+    def _forward_gate(self, tg: nativemod.Targets) -> fwdgate.ForwardGate | None:
+        """The module hooks of `tg`'s forward gate (made once per calibration), or None."""
+        if not tg.forward:
+            return None
+        if self._fwd_gate_tg is not tg:
+            self.close()
+            self._fwd_gate, self._fwd_gate_tg = fwdgate.ForwardGate(self._native, tg.forward), tg
+        return self._fwd_gate
+
+    def close(self) -> None:
+        """Take the forward gate's hooks off the step's modules (call when done with the
+        executor; its iterations run without them)."""
+        if self._fwd_gate is not None:
+            self._fwd_gate.close()
+        self._fwd_gate = self._fwd_gate_tg = None
 
     def _can_compile(self) -> bool:
         """Whether this executor's recomputations can be compiled (replay.cpp built, not
@@ -459,6 +502,7 @@ class NativeRuns:
         """Later iterations under these determinism flags run under the Python tracker."""
         self._cal[determinism_key()] = f"native tracker not used: {why}"
         self.tracker_note = f"native tracker given up: {why}"
+        self.close()
 
     def _pause_native(self, on: bool) -> bool:
         return bool(self._native.pause(on)) if self._native is not None else False

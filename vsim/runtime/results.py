@@ -194,7 +194,11 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
                 # from 2026-11-28): whether the last iteration did, and its calls through the
                 # tracker's key
                 "native_gate": ex.native_gate, "gated": ex.gated, "gate_note": ex.gate_note,
-                "calls_through_tracker": ex.calls_through}
+                "calls_through_tracker": ex.calls_through,
+                # forward's module calls gated by module hooks (vsim.runtime.fwdgate, opt-in;
+                # keys from 2026-11-28): the choice, and the module calls the last iteration
+                # gated (None: not asked for, or nothing to gate)
+                "native_fwd_gate": ex.native_fwd_gate, "fwd_gated": ex.fwd_gated}
                if stats.tracker == "native" else {}),
             # the recomputation's replay: run by its compiled programs in C++, or in Python
             "replay": (None if not ex.recompute_before else

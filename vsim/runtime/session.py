@@ -486,6 +486,8 @@ class Session:
         self._uncap()
         fits = oom is None
         notes += case_notes(plan, ex, stats, self.trace)
+        if ex is not None:
+            ex.close()  # the forward gate's module hooks off the model
         if command is None:
             command = measure_command(self.model_name, self.batch, policy, memory_bytes,
                                       self.hw_name, self.trace_path, None,

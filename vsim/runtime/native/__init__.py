@@ -204,6 +204,8 @@ class Targets:
     # with a flag, else -1; None where backward cannot be gated (`gate_note` says why)
     gate: list[int] | None = None
     gate_note: str | None = None
+    # forward's module calls to gate (vsim.runtime.fwdgate.choose; None: not asked for)
+    forward: Any = None
 
 
 def frame_key(count: int, number: int) -> int:

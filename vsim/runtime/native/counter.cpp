@@ -625,6 +625,26 @@ void fast(torch::Library& m, const char* name) {
 
 void do_set_fast(bool on) { S.fast = on; }
 
+// Forward gated by module hooks (vsim.runtime.fwdgate; opt-in, VSIM_NATIVE_FWD_GATE=modules): a
+// module call in which the executor acts at no count runs with the tracker's key excluded, its
+// count set to calibration's after it. Entered only at calibration's first count of the call,
+// outside every counted call, with the key included (else the call is counted as before: a run
+// that diverged shows it at its flagged counts). The saved-tensor hooks of the count before
+// go off first: a save inside the call would be numbered as that count's.
+bool do_gate_forward(int64_t start) {
+  if (S.paused || depth > 0 || S.count != start ||
+      !c10::impl::tls_is_dispatch_key_included(KEY))
+    return false;
+  hooks_at(0);
+  c10::impl::tls_set_dispatch_key_included(KEY, false);
+  return true;
+}
+
+void do_ungate_forward(int64_t end) {
+  S.count = end;
+  c10::impl::tls_set_dispatch_key_included(KEY, true);
+}
+
 void do_begin() {
 #ifndef VSIM_NO_REPLAY
   vsim_replay::clear();
@@ -840,6 +860,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("end", &do_end);
   m.def("pause", &do_pause, "stop or resume counting; returns the previous state");
   m.def("count", &do_count);
+  m.def("gate_forward", &do_gate_forward, "a module call untracked from calibration's count "
+        "`start` (fwdgate); whether it is");
+  m.def("ungate_forward", &do_ungate_forward, "the gated module call ended: the count is `end`");
   m.def("set_fast", &do_set_fast, "count the common operators' calls unboxed (Fast)");
   m.def("depth", &do_depth, "how many counted calls run on this thread (0 or 1)");
   m.def("calibrate", &do_calibrate);
