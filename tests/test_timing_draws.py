@@ -93,7 +93,9 @@ def test_simulate_plans_with_a_margin_when_most_draws_run_out_of_memory() -> Non
     plain = simulate(trace, HW, make_policy("hybrid"), CACHING, cap)
     drawn = simulate(trace, HW, make_policy("hybrid"), CACHING, cap, draws=3)
     assert "timing_draws" not in plain.report and plain.report["fits"]
+    times = drawn.report["timing_draws"].pop("times_us")
     assert drawn.report["timing_draws"] == {"draws": 3, "fit": 3, "margin": 0.03}
+    assert len(times) == 3 and all(t > 0 for t in times)  # the fitting draws' timed times
     assert drawn.plan != plain.plan
     assert any("3% below the capacity" in n for n in drawn.report["notes"])
     one = timing_draws(trace, HW, plain.plan, CACHING, cap)

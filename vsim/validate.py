@@ -398,7 +398,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
         # One real run is one draw of the timing that varies between its iterations: it fits
         # when most draws do (engine.timing_draws; times and peaks stay the recorded timing's)
         fit, n = report["timing_draws"]["fit"], report["timing_draws"]["draws"]
-        predicted["timing_draws"] = {"draws": n, "fit": fit}
+        predicted["timing_draws"] = {"draws": n, "fit": fit,
+                                     "times_us": report["timing_draws"].get("times_us")}
         predicted["fits"] = bool(predicted["fits"]) and 2 * fit > n
     measured_plan = measured.get("plan")
     measured_digest = measured_plan.get("digest") if isinstance(measured_plan, dict) else None

@@ -78,12 +78,18 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
     variation needs; the notes say so). A note says when some draw of the result ran out."""
     from . import run_plan
 
+    times: list[float] = []  # the last draws' timed iteration times, of those that fit
+
     def fits_drawn(plan: Plan) -> int | None:
         drawn = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
-        return None if drawn is None else sum(bool(d.report["fits"]) for d in drawn)
+        if drawn is None:
+            return None
+        times[:] = [d.report["timed_iteration_time_us"] for d in drawn if d.report["fits"]]
+        return sum(bool(d.report["fits"]) for d in drawn)
 
     def drawn(res: SimResult, fit: int, **more: Any) -> SimResult:
-        res.report["timing_draws"] = {"draws": draws, "fit": fit, **more}
+        res.report["timing_draws"] = {"draws": draws, "fit": fit, **more,
+                                      "times_us": [round(t, 1) for t in times]}
         if fit < draws:
             res.report["notes"].append(
                 f"fits the recorded timing, but {fit} of {draws} runs under draws of the timing "
