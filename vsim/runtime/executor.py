@@ -126,6 +126,13 @@ class IterationStats:
     # side is timed
     frame_us: float = 0.0
     frame_calls: int = 0
+    # the native tracker's call backs at counts (from 2026-11-28): their number, their time
+    # timed in C++ around each (the crossing into Python and the executor's work inside), and
+    # that work timed in Python: callback_us - callback_py_us is what the crossings alone
+    # cost, outside host_us and every other timer
+    callbacks: int = 0
+    callback_us: float = 0.0
+    callback_py_us: float = 0.0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
@@ -354,6 +355,9 @@ class NativeRuns:
             self.gated, self.calls_through = nat.gated()
             frames, frame_ns = nat.frame_calls()
             self._framed(frames, frame_ns / 1e3)
+            calls, call_ns = nat.callbacks()
+            self.stats.callbacks += calls
+            self.stats.callback_us += call_ns / 1e3
             nat.end()
             nat.disarm()
             packs, ns = nat.disarm_packs()
@@ -432,6 +436,7 @@ class NativeRuns:
             raise
 
     def _callback(self, count: int, out: Any, post: bool) -> None:
+        t0 = time.perf_counter()
         try:
             assert self._armed is not None
             tg = self._armed[1]
@@ -451,6 +456,8 @@ class NativeRuns:
         except BaseException as exc:
             self._native_exc = exc
             raise
+        finally:
+            self.stats.callback_py_us += (time.perf_counter() - t0) * 1e6
 
     def _frame_callback(self, count: int, number: int, name: Any, args: Any, kwargs: Any,
                         out: Any, post: bool) -> None:
@@ -519,6 +526,8 @@ class NativeRuns:
         def rng_state(self) -> Any: ...
 
         def _captured(self, frames: int, ns: int) -> None: ...
+
+        stats: Any
 
         recompute_before: dict[int, list[Any]]
         device: torch.device

@@ -179,6 +179,10 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_pack_us": us("pack_us"), "packs": stats.packs,
             # the native tracker's frame call backs, timed in C++ (keys from 2026-11-28)
             "executor_frame_us": us("frame_us"), "frame_calls": stats.frame_calls,
+            # the call backs at counts, timed in C++ and their work in Python (keys from
+            # 2026-11-28): the difference is the crossings' cost, outside executor_host_us
+            "callbacks": stats.callbacks, "executor_callback_us": us("callback_us"),
+            "executor_callback_py_us": us("callback_py_us"),
             "executor_own_us": round(statistics.median(own(s) for s in runs), 1),
             "executor_own_includes_replay": True,  # runs before 2026-11-27 03:30 UTC left out
             # the recording and the whole replay (validation/runtime/host_share.py)

@@ -157,10 +157,20 @@ void in_python(F&& call) {
   S.paused = was;
 }
 
+// call backs at counts this iteration and the nanoseconds they took: the crossing into Python
+// (the GIL, the outputs made Python objects, the call) with the executor's work inside it, which
+// the executor times on its side (its `callback_py_us`): the difference is what the crossings
+// alone cost, outside every other timer
+int64_t cb_n = 0, cb_ns = 0;
+
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
   auto it = S.expect.find(c);
   if (it != S.expect.end()) expect_name(op, it->second, "call " + std::to_string(c));
+  const auto t0 = std::chrono::steady_clock::now();
   in_python([&] { S.callback(c, post ? outputs_of(op, stack) : py::none(), post); });
+  ++cb_n;
+  cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now() - t0).count();
 }
 
 // Calls made while a counted call runs on the same thread (inside a composite, a kernel or
@@ -656,6 +666,7 @@ void do_begin() {
   G.active = false;
   G.through = 0;
   frame_cb_n = frame_cb_ns = 0;
+  cb_n = cb_ns = 0;
   if (S.calibrating) {
     G.spans.clear();
     G.backward_at = G.after_at = -1;
@@ -730,6 +741,9 @@ std::tuple<std::vector<std::pair<int64_t, int64_t>>, int64_t, int64_t, int64_t> 
 
 // (frame call backs, nanoseconds in them) this iteration
 std::pair<int64_t, int64_t> do_frame_calls() { return {frame_cb_n, frame_cb_ns}; }
+
+// (call backs at counts, ns in them) this iteration
+std::pair<int64_t, int64_t> do_callbacks() { return {cb_n, cb_ns}; }
 
 // (whether this iteration gated its backward, calls through the key)
 std::pair<bool, int64_t> do_gated() { return {G.active, G.through}; }
@@ -880,6 +894,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nodes", &do_nodes, "calibration: per node (first count, count after), backward's "
         "first count, the count after it, further backwards");
   m.def("frame_calls", &do_frame_calls, "(frame call backs, ns in them) this iteration");
+  m.def("callbacks", &do_callbacks, "(call backs at counts, ns in them) this iteration");
   m.def("gated", &do_gated, "(whether the last iteration gated its backward, calls through "
         "the key)");
   m.def("pack", &do_pack, "saved-tensor pack hook of armed iterations (see Packs)");
