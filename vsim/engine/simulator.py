@@ -36,6 +36,7 @@ from .memory import (
     Residency,
 )
 from .prep import Step, trace_prep
+from .sim import Environment
 from .transfers import D2H_STREAM, H2D_STREAM, Transfers
 
 __all__ = ["D2H_STREAM", "H2D_STREAM", "Engine", "EngineOutput", "ExecutedOp", "PlanError"]
@@ -109,7 +110,7 @@ class Engine:
         self.index = PlanIndex(plan)  # read only: what the run changes is the engine's
         # The plan's retimes and, added as ops fall back, their workspace-free algorithms.
         self.retime: dict[int, Retime] = dict(self.index.retime)
-        self.env = simpy.Environment()
+        self.env = Environment()
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
         self.memory = DeviceMemory(allocator,
@@ -167,7 +168,7 @@ class Engine:
             gens.append(self._finish(procs))
             self.env.process(gens[-1])
             try:
-                self.env.run(until=self.halt)
+                self.env.run_until(self.halt)
             except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
                 if self.halt.triggered or self.env.peek() != float("inf"):
                     raise
