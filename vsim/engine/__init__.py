@@ -92,6 +92,19 @@ class SimResult:
         })
         return report
 
+    @functools.cached_property
+    def verdict(self) -> dict[str, Any]:
+        """The report's `fits`, `oom` and `iteration_time_us` alone, the same values without
+        the report's metrics (a pass over the run's memory log): all that the judge of a
+        profiling run reads (vsim.policies.fitted.Judge)."""
+        if "report" in self.__dict__:
+            return {k: self.report[k] for k in ("fits", "oom", "iteration_time_us")}
+        trace, out = self._inputs[0], self._inputs[-1]
+        assert isinstance(trace, Trace) and isinstance(out, EngineOutput)
+        return {"fits": out.oom is None, "oom": None if out.oom is None else out.oom.to_json(),
+                "iteration_time_us": out.end_us  # (run_metrics' `end`)
+                + float(trace.meta.get("iteration_tail_us", 0.0))}
+
     @property
     def capacity_bound(self) -> bool:
         """Whether the capacity decided anything in this run of its plan (first iteration

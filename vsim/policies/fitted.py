@@ -72,11 +72,21 @@ runs, 501 of the 551 that ran out of memory did so by the third iteration, and a
 takes up to 13."""
 
 
+def _verdict(result: Any) -> dict[str, Any]:
+    """A run's report as its judge reads it: `fits`, `oom` and `iteration_time_us` (a
+    SimResult's `verdict`, without the rest of its report; a runner that gives none, its
+    report)."""
+    verdict = getattr(result, "verdict", None)
+    out: dict[str, Any] = result.report if verdict is None else verdict
+    return out
+
+
 class Judge:
     """`check`, memoised by plan: a planner that weighs several candidate plans (recompute
     optimal, the escalation below) runs each distinct plan once. `screen` runs a plan for its
     first SCREEN_ITERATIONS only (where the run_plan can: engine.planning_runner), which is all
-    a run that runs out of memory early needs."""
+    a run that runs out of memory early needs. What it returns of a run is the report's
+    `fits`, `oom` and `iteration_time_us` (`_verdict`): all its callers read."""
 
     def __init__(self, run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int
                  ) -> None:
@@ -91,10 +101,11 @@ class Judge:
         if key not in self._seen:
             resume = self._screened.pop(key, (None, None))[1]
             if resume is not None:  # its screening run, gone on
-                self._seen[key] = resume().report
+                self._seen[key] = _verdict(resume())
             else:
-                self.runs += 1
-                self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
+                self.runs += 1  # (check's run, its verdict alone)
+                self._seen[key] = _verdict(self.run_plan(self.trace, self.hw, plan, None,
+                                                         self.capacity))
         return self._seen[key]
 
     def screen(self, plan: Plan) -> dict[str, Any]:
@@ -110,7 +121,7 @@ class Judge:
                 return self(plan)
             self.runs += 1
             result = screen(self.trace, self.hw, plan, self.capacity, SCREEN_ITERATIONS)
-            report: dict[str, Any] = result.report
+            report = _verdict(result)
             if result.resume is None:
                 self._seen[key] = report  # the whole run's verdict: settled, or out of memory
                 return report
