@@ -503,13 +503,14 @@ class Engine:
             # The common case (no recomputation before the op) with where and leaving written
             # out: a tensor on the GPU and not leaving needs no wait (an offloading plan's
             # every op comes here)
-            needed = set(op.reads).difference(op.writes)
+            # (sorted(set(op.reads).difference(op.writes)), made once per trace)
+            needed = self.prep.reads_sorted[op.id]
             needs = self.index.needs.get(op.id)
             if needs:
-                needed.update(needs)
+                needed = tuple(sorted(set(needed).union(needs)))
             state_get, finished = self.memory.state.get, self.transfers.finished
             release_op_get = self.transfers._release_op.get  # noqa: SLF001
-            for t in sorted(needed):
+            for t in needed:
                 where = state_get(t, UNBORN)
                 if where is DEVICE or where is OFFLOADING and release_op_get(t) not in finished:
                     continue
@@ -527,9 +528,9 @@ class Engine:
         rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
         chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
         # What the op itself writes is allocated just after these waits.
-        needed = (set(op.reads) - set(op.writes) - rebuilt) | (chain_reads - rebuilt) \
+        wanted = (set(op.reads) - set(op.writes) - rebuilt) | (chain_reads - rebuilt) \
             | set(self.index.needs.get(op.id, []))
-        for t in sorted(needed):
+        for t in sorted(wanted):
             where = self.memory.where(t)
             # An offload whose release op has ended gives the device copy back as soon as its
             # copy ends, maybe while this op runs: for a reader it is already gone.
