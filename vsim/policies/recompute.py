@@ -92,6 +92,9 @@ _Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
 keeps and its recomputation time (Segmenter._dp_rows)."""
 
 
+_NEVER = float("inf")  # (Segmenter._need_pos: a map no backward op reads)
+
+
 @dataclass(frozen=True)
 class _Shape:
     dropped: tuple[int, ...]
@@ -247,7 +250,9 @@ class Segmenter:
 
     def _new_shape(self, a: int, b: int) -> _Shape:
         view = self.view
-        lo, hi = self.layers(a, b).start, self.layers(a, b).stop - 1
+        # (self.layers(a, b) written out)
+        cands = self.cands
+        lo, hi = cands[a - 1] + 1 if a > 0 else 0, cands[b - 1]
         # (slices of the maps and forward ops in layer order: the DP asks for thousands)
         produced = self.map_list[self.map_off_list[lo]:self.map_off_list[hi + 1]]
         # kept: the last layer's maps and any map a later layer reads (checkpoints)
@@ -256,13 +261,19 @@ class Segmenter:
         kept_set = set(kept)
         dropped = [t for t in produced if t not in kept_set]
         tensor = view.tensor
-        kb = sum(tensor[t].size_bytes for t in kept)
-        db = sum(tensor[t].size_bytes for t in dropped)
+        size = self._map_bytes()
+        kb = sum(map(size.__getitem__, kept))
+        db = sum(map(size.__getitem__, dropped))
         if not dropped:
             return _Shape((), (), None, kb, 0, True, 0, ())
         drop_set = set(dropped)
-        before = min((n for t in dropped if (n := self.first_need[t]) is not None),
-                     key=view.pos.__getitem__)
+        # (the dropped map needed first: min((n for t in dropped if (n := first_need[t]) is not
+        # None), key=view.pos.__getitem__), over its position by map)
+        need_pos, fwd_op_at = self._need_pos()
+        first = min(map(need_pos.__getitem__, dropped))
+        if first == _NEVER:  # (as min() of nothing)
+            raise ValueError("min() arg is an empty sequence")
+        before = fwd_op_at[int(first)]
         slot = view.before(before)
         fwd_off = self._fwd_ops()[1]
         chain = self._rebuild_chain(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
@@ -273,8 +284,14 @@ class Segmenter:
         inputs = {t for op in chain_ops for t in op.reads if t not in written}
         # (alive_in_trace written out: the DP asks this for thousands of segments)
         alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
-        valid = all(alloc[t] <= slot < free[t] and t not in drop_set for t in inputs) \
-            and not planning.stale_inputs(view, chain, inputs)
+        valid = inputs.isdisjoint(drop_set)
+        if valid:
+            for t in inputs:
+                if not alloc[t] <= slot < free[t]:
+                    valid = False
+                    break
+            else:
+                valid = not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
         transient = [tensor[t] for t in written
                      if t not in drop_set and not alloc[t] <= slot < free[t]]
@@ -283,19 +300,42 @@ class Segmenter:
                       tuple((t.producer, t.size_bytes) for t in transient
                             if t.kind == "workspace" and t.producer is not None))
 
+    def _need_pos(self) -> tuple[dict[int, float], dict[int, int]]:
+        """Per saved map, the position in the trace of its first backward reader (_NEVER:
+        none), and per such position, that op (memoised on the view)."""
+        got = self.view.memo.get("need positions")
+        if got is None:
+            pos = self.view.pos
+            need = {t: n for t, n in self.first_need.items() if n is not None}
+            got = self.view.memo["need positions"] = (
+                {t: pos[need[t]] if t in need else _NEVER for t in self.first_need},
+                {pos[n]: n for n in need.values()})
+        tables: tuple[dict[int, float], dict[int, int]] = got
+        return tables
+
+    def _map_bytes(self) -> dict[int, int]:
+        """Per saved map, its bytes (memoised on the view)."""
+        got = self.view.memo.get("map bytes")
+        if got is None:
+            tensor = self.view.tensor
+            got = self.view.memo["map bytes"] = {t: tensor[t].size_bytes for t in self.made_in}
+        size: dict[int, int] = got
+        return size
+
     def _rebuild_chain(self, start: int, stop: int, targets: set[int], slot: int
                        ) -> tuple[int, ...]:
         """planning.rebuild_chain(view, ops, targets, slot) for `ops` the forward ops
         start..stop-1 in layer order (_fwd_ops; a segment's), over per-op tables built once
-        per view: what each op writes or updates in place, and of each read its producer's
-        place in that order and its slots. (The DP's segment shapes ask for thousands of
-        chains, each a walk back over its segment's ops.)"""
+        per view: what each op writes or updates in place, and of each read produced by a
+        forward op its producer's place in that order and its slots. (The DP's segment
+        shapes ask for thousands of chains, each a walk back over its segment's ops.)"""
         fwd_ops = self._fwd_ops()[0]
         touch, mutates, reads = self._chain_tables()
         needed = set(targets)
         chosen: list[int] = []
+        add, isdisjoint = needed.add, needed.isdisjoint
         for i in range(stop - 1, start - 1, -1):
-            if needed.isdisjoint(touch[i]):
+            if isdisjoint(touch[i]):
                 continue
             chosen.append(fwd_ops[i])
             m = mutates[i]
@@ -303,15 +343,15 @@ class Segmenter:
                 needed |= m
             for t, p, alloc, free in reads[i]:
                 if start <= p < stop and not alloc <= slot < free:
-                    needed.add(t)
+                    add(t)
         return tuple(reversed(chosen))
 
     def _chain_tables(self) -> tuple[list[frozenset[int]], list[frozenset[int] | None],
                                      list[tuple[tuple[int, int, int, int], ...]]]:
         """Per forward op in layer order (_fwd_ops): the tensors it writes or updates in
-        place, those it updates in place (None: none), and per read (the tensor, its
-        producer's place in that order or -1, its allocation and free slots). Memoised on the
-        view."""
+        place, those it updates in place (None: none), and per read that a forward op produces
+        (the tensor, its producer's place in that order, its allocation and free slots).
+        Memoised on the view."""
         got = self.view.memo.get("chain tables")
         if got is None:
             view = self.view
@@ -323,9 +363,11 @@ class Segmenter:
                 op, m = view.op[o], view.mutates.get(o)
                 touch.append(frozenset(op.writes) | (m or frozenset()))
                 mutates.append(m)
+                # (a read no forward op produces, place -1, is never in a segment: left out)
                 reads.append(tuple(
-                    (t, -1 if (p := view.tensor[t].producer) is None else place.get(p, -1),
-                     alloc[t], free[t]) for t in op.reads))
+                    (t, q, alloc[t], free[t]) for t in op.reads
+                    if (q := -1 if (p := view.tensor[t].producer) is None
+                        else place.get(p, -1)) >= 0))
             got = self.view.memo["chain tables"] = (touch, mutates, reads)
         tables: tuple[list[frozenset[int]], list[frozenset[int] | None],
                       list[tuple[tuple[int, int, int, int], ...]]] = got
