@@ -85,7 +85,8 @@ class Engine:
                  host: HostModel | None = None, tracked: bool = False,
                  clock: HostClock | None = None,
                  transients: Mapping[int, int] | None = None,
-                 scale: Mapping[int, float] | None = None, host_scale: float = 1.0) -> None:
+                 scale: Mapping[int, float] | None = None, host_scale: float = 1.0,
+                 logged: bool = True) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -96,7 +97,8 @@ class Engine:
         issue times are reused), instead of building one from `host`. `transients`: per op,
         a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
-        duration as a multiple of the recorded one; the host's issue times, likewise."""
+        duration as a multiple of the recorded one; the host's issue times, likewise.
+        `logged` False: no memory log (run_plan's)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -115,7 +117,7 @@ class Engine:
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes,
-                                   pinned_limit_bytes=hw.pinned_limit_bytes)
+                                   pinned_limit_bytes=hw.pinned_limit_bytes, logged=logged)
         prep = trace_prep(trace)  # read only, shared by every run on the trace
         self.prep = prep
         self.tensors: dict[int, Tensor] = prep.tensors

@@ -86,7 +86,9 @@ class Judge:
     optimal, the escalation below) runs each distinct plan once. `screen` runs a plan for its
     first SCREEN_ITERATIONS only (where the run_plan can: engine.planning_runner), which is all
     a run that runs out of memory early needs. What it returns of a run is the report's
-    `fits`, `oom` and `iteration_time_us` (`_verdict`): all its callers read."""
+    `fits`, `oom` and `iteration_time_us` (`_verdict`): all its callers read; so it runs them
+    without the memory log the rest is built from, where the run_plan can (`unlogged`:
+    engine.planning_runner's)."""
 
     def __init__(self, run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int
                  ) -> None:
@@ -104,8 +106,11 @@ class Judge:
                 self._seen[key] = _verdict(resume())
             else:
                 self.runs += 1  # (check's run, its verdict alone)
-                self._seen[key] = _verdict(self.run_plan(self.trace, self.hw, plan, None,
-                                                         self.capacity))
+                unlogged = getattr(self.run_plan, "unlogged", None)
+                self._seen[key] = _verdict(
+                    unlogged(self.trace, self.hw, plan, self.capacity, None)
+                    if unlogged is not None else
+                    self.run_plan(self.trace, self.hw, plan, None, self.capacity))
         return self._seen[key]
 
     def screen(self, plan: Plan) -> dict[str, Any]:
@@ -116,7 +121,8 @@ class Judge:
         if key in self._seen:
             return self._seen[key]
         if key not in self._screened:
-            screen = getattr(self.run_plan, "screen", None)
+            screen = getattr(self.run_plan, "unlogged", None) \
+                or getattr(self.run_plan, "screen", None)
             if screen is None:
                 return self(plan)
             self.runs += 1
