@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from heapq import heappop
 
 import simpy
+from simpy.core import BoundClass
 from simpy.events import PENDING
 
 
@@ -81,6 +82,15 @@ class AnyOf(simpy.Event):
 
 class Environment(simpy.Environment):
     """simpy.Environment with the lighter conditions and `run_until`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # SimPy binds its event classes to the environment once (BoundClass.bind_early) so
+        # that `env.timeout` is not a descriptor call each time, but only those in the
+        # instance's own class: a subclass's are bound here
+        for name, attr in vars(simpy.Environment).items():
+            if type(attr) is BoundClass:
+                setattr(self, name, getattr(self, name))
 
     def all_of(self, events: Sequence[simpy.Event]) -> AllOf:  # type: ignore[override]
         return AllOf(self, events)
