@@ -418,8 +418,11 @@ class Engine:
                         continue
                     if wait_for_memory and not serves_now(size[t]):
                         break
-                    if sync_cap and transfers.copying() and would_hit(size[t]):
-                        break  # (_syncs_for written out): _allocate_outputs synchronizes
+                    # (_syncs_for and Transfers.copying written out)
+                    if sync_cap and (transfers.in_flight or transfers.limbo
+                                     or transfers._returning) \
+                            and would_hit(size[t]):  # noqa: SLF001
+                        break  # _allocate_outputs synchronizes
                     if not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
@@ -434,7 +437,9 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    syncs = sync_cap and transfers.copying() and would_hit(size[t])  # (ditto)
+                    syncs = sync_cap and bool(  # (ditto)
+                        transfers.in_flight or transfers.limbo
+                        or transfers._returning) and would_hit(size[t])  # noqa: SLF001
                     if syncs or not allocate(t, size[t], now, oid):
                         if syncs or retries and transfers.releasing_memory("any"):
                             # the allocator synchronizes at the cap (sync_at_capacity), or
