@@ -315,9 +315,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     `draw`: the run's iterations under one draw of the timing variation measured between real
     iterations (TimingDraw; all of them run, none alike); None: the recorded timing.
 
-    `logged` False: the engine keeps no memory log, from which the report and the predicted
-    trace are built (asking for either raises): a profiling run whose verdict alone is read
-    (SimResult.verdict), which runs the same without it.
+    `logged` False: the engine keeps no memory log and no per-op records (its output's
+    `executed` is empty), from which the report and the predicted trace are built (asking
+    for either raises): a profiling run whose verdict alone is read (SimResult.verdict),
+    which runs the same without them.
     """
     capacity = _capacity(hw, capacity_bytes)
     if iterations is not None and iterations < 2:

@@ -98,7 +98,8 @@ class Engine:
         a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
         duration as a multiple of the recorded one; the host's issue times, likewise.
-        `logged` False: no memory log (run_plan's)."""
+        `logged` False: no memory log and no ExecutedOp records, only the run's end
+        (run_plan's)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -132,6 +133,10 @@ class Engine:
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
                                    self._alloc_waiting, self._stop)
         self.executed: list[ExecutedOp] = []
+        # (logged False: no ExecutedOp records either, only the latest end of an op: a
+        # profiling run's verdict needs its end alone)
+        self.logged = logged
+        self.ops_end_us = 0.0
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
@@ -193,7 +198,7 @@ class Engine:
         self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
-                  [c.start_us + c.dur_us for c in copies] + [0.0])
+                  [c.start_us + c.dur_us for c in copies] + [self.ops_end_us, 0.0])
         notes = list(self.plan.notes)
         if self.clock is not None and end > 0 and self.host_wait_us > 0.05 * end:
             notes.append(f"host-bound: the GPU waited {self.host_wait_us / 1e3:.2f} ms of the "
@@ -339,6 +344,7 @@ class Engine:
         # changed in place, never replaced)
         release_at_end, releasing = transfers._release_at_end, transfers._releasing  # noqa: SLF001
         scaled = self.scale is not None
+        logged = self.logged
         # the clock's issue times (HostClock.issue, not replaced during a run)
         clock_issue = clock.issue if clock is not None else {}
         prev_end = 0.0
@@ -466,10 +472,13 @@ class Engine:
                     yield env.timeout(dur)
                 else:
                     env._now = then  # noqa: SLF001
-            executed = ExecutedOp(op, start, dur, stall)
-            if acted and oid in retime and retime[oid].workspace_bytes == 0:
-                executed.without_workspace = True
-            executed_append(executed)
+            if logged:
+                executed = ExecutedOp(op, start, dur, stall)
+                if acted and oid in retime and retime[oid].workspace_bytes == 0:
+                    executed.without_workspace = True
+                executed_append(executed)
+            elif start + dur > self.ops_end_us:  # (the ExecutedOp's start_us + dur_us)
+                self.ops_end_us = start + dur
             if oid in acts_after or release_at_end or releasing:
                 self._after(op)
             else:  # _after's common case: no copy waits for the op, no action after it
@@ -486,7 +495,8 @@ class Engine:
                 inflight = transfers.in_flight_events()
                 if inflight:
                     yield env.all_of(inflight)
-                self.executed[-1].stall_us += env.now - sync_start
+                if logged:
+                    self.executed[-1].stall_us += env.now - sync_start
             prev_end = env._now  # noqa: SLF001
             completed.add(oid)
             if oid in done:
@@ -756,7 +766,10 @@ class Engine:
             dur = self._duration(op)
             if dur > 0:
                 yield from self._wait(dur)
-            self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+            if self.logged:
+                self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+            elif start + dur > self.ops_end_us:
+                self.ops_end_us = start + dur
         for t, former in transient:
             self.memory.release(t, self.env.now, before.id, former)
         return True
