@@ -293,3 +293,25 @@ def test_a_segments_chain_is_the_one_rebuild_chain_gives(name: str) -> None:
                                                 shape.dropped, view.before(shape.before_op))
             chains += bool(shape.chain)
     assert chains > 100
+
+
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100",
+                                  "gpt2-b8-s1024-bf16-adamw-h100"])
+def test_the_segments_own_profiles_at_once_are_each_segments(name: str) -> None:
+    """Segmenter._own_profiles (every DP segment's own profile in one vectorised pass) is
+    _new_own_profile of each segment, concatenated: the same slots, bytes and recomputation
+    slot, as the same integers."""
+    from vsim.policies.recompute import Segmenter
+    view = TraceView(load_trace(TRACES / f"{name}.vsim.json.gz"))
+    seg = Segmenter.of(view)
+    slots, own, start, size, rc = seg._own_profiles()
+    recomputed = 0
+    for k, (a, b) in enumerate(seg._entry_keys()):
+        idx, prof, at = seg._new_own_profile(a, b)
+        lo, n = int(start[k]), int(size[k])
+        assert n == len(idx)
+        assert np.array_equal(slots[lo:lo + n], idx) and np.array_equal(own[lo:lo + n], prof)
+        assert int(rc[k]) == (-1 if at is None else at)
+        recomputed += at is not None
+    assert recomputed > 100
+    assert slots.dtype == own.dtype == start.dtype == size.dtype == rc.dtype == np.int64

@@ -48,7 +48,7 @@ def _efficiencies(hw: Hardware) -> Efficiencies | None:
     """The profile's fitted efficiencies (None: no efficiency file), cached by the profile's
     full text (overrides included): a run plans several times, and reading the file costs about
     a millisecond."""
-    key = repr(hw)
+    key = _hw_text(hw)
     if key not in _EFFICIENCIES:
         if len(_EFFICIENCIES) >= 16:
             _EFFICIENCIES.clear()
@@ -60,6 +60,19 @@ def _efficiencies(hw: Hardware) -> Efficiencies | None:
 
 
 _RETIMES: dict[tuple[int, str], tuple[weakref.ref[Trace], list[Retime], list[str]]] = {}
+_HW_TEXT: dict[int, tuple[Hardware, str]] = {}
+
+
+def _hw_text(hw: Hardware) -> str:
+    """repr(hw), the profile's full text (a frozen dataclass: it cannot change), once per
+    profile object (the runs of a planning ask for every one of them)."""
+    got = _HW_TEXT.get(id(hw))
+    if got is None or got[0] is not hw:
+        if len(_HW_TEXT) >= 64:
+            _HW_TEXT.clear()
+        got = _HW_TEXT[id(hw)] = (hw, repr(hw))  # (held: its id is not reused meanwhile)
+    return got[1]
+
 
 
 def memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], list[str]]:
@@ -69,7 +82,7 @@ def memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], li
     keyed by its full text, overrides included): a capacity-aware policy asks at every budget
     it plans for, and the compute model's pass over the trace was a sixth of superneurons'
     own planning. Fresh lists on every call."""
-    key = (id(trace), repr(hw))
+    key = (id(trace), _hw_text(hw))
     got = _RETIMES.get(key)
     if got is None or got[0]() is not trace:
         got = _RETIMES[key] = (weakref.ref(trace), *_memory_optimal_retimes(trace, hw))

@@ -8,6 +8,7 @@ neighbours in the same segment (PyTorch's try_merge_blocks, cnmem's and SuperNeu
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 
@@ -172,14 +173,16 @@ class BlockPool:
     def give_back(self, block: Block) -> None:
         """Free a block and merge it with free neighbours in its segment."""
         block.free = True
-        block.segment.blocks_in_use -= 1
-        if block.segment.blocks_in_use == 0:
-            self.free_segment_bytes += block.segment.size
+        seg = block.segment
+        seg.blocks_in_use -= 1
+        if seg.blocks_in_use == 0:
+            self.free_segment_bytes += seg.size
         prev, after = block.prev, block.next
-        if self.free.by_addr is None:  # the loop below with FreeIndex's steps written out
-            by_size, blocks = self.free.by_size, self.free.blocks
+        free = self.free
+        if free.by_addr is None:  # the loop below with FreeIndex's steps written out
+            by_size, blocks = free.by_size, free.blocks
             if prev is not None and prev.free:
-                del by_size[bisect.bisect_left(by_size, -(prev.size << _ADDR_BITS | prev.addr))]
+                del by_size[bisect_left(by_size, -(prev.size << _ADDR_BITS | prev.addr))]
                 del blocks[prev.addr]
                 prev.size += block.size
                 prev.next = after
@@ -187,14 +190,13 @@ class BlockPool:
                     after.prev = prev
                 block = prev
             if after is not None and after.free:
-                del by_size[bisect.bisect_left(by_size,
-                                               -(after.size << _ADDR_BITS | after.addr))]
+                del by_size[bisect_left(by_size, -(after.size << _ADDR_BITS | after.addr))]
                 del blocks[after.addr]
                 block.size += after.size
-                block.next = after.next
-                if after.next is not None:
-                    after.next.prev = block
-            bisect.insort(by_size, -(block.size << _ADDR_BITS | block.addr))
+                nxt = block.next = after.next
+                if nxt is not None:
+                    nxt.prev = block
+            insort(by_size, -(block.size << _ADDR_BITS | block.addr))
             blocks[block.addr] = block
             return
         for neighbour in (prev, after):

@@ -64,6 +64,7 @@ class CachingAllocator(Allocator):
     def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
         super().__init__(capacity_bytes)
         self.pools: dict[tuple[str, int], BlockPool] = {}
+        self._stream0: dict[str, BlockPool] = {}  # pools[(kind, 0)] by kind (no tuple per ask)
         self.next_addr = 1 << 32
         self.segment_addresses = iter(segment_addresses)
 
@@ -71,6 +72,8 @@ class CachingAllocator(Allocator):
         found = self.pools.get((pool, stream))
         if found is None:  # (setdefault would build a BlockPool on every call)
             found = self.pools[(pool, stream)] = BlockPool()  # best fit only (no address order)
+            if stream == 0:
+                self._stream0[pool] = found
         return found
 
     def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
@@ -82,10 +85,10 @@ class CachingAllocator(Allocator):
         size = MIN_BLOCK if size_bytes < MIN_BLOCK \
             else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
         if size <= SMALL_SIZE:
-            pool = self.pools.get(("small", stream))
+            pool = self._stream0.get("small") if stream == 0 else self.pools.get(("small", stream))
             grow = SMALL_BUFFER
         else:
-            pool = self.pools.get(("large", stream))
+            pool = self._stream0.get("large") if stream == 0 else self.pools.get(("large", stream))
             grow = LARGE_BUFFER if size < MIN_LARGE_ALLOC \
                 else ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
         if pool is not None:
@@ -102,7 +105,7 @@ class CachingAllocator(Allocator):
         size = MIN_BLOCK if size_bytes < MIN_BLOCK \
             else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
         kind = "small" if size <= SMALL_SIZE else "large"
-        pool = self.pools.get((kind, stream))
+        pool = self._stream0.get(kind) if stream == 0 else self.pools.get((kind, stream))
         if pool is None:
             pool = self._pool(kind, stream)
         if searched:
@@ -195,7 +198,7 @@ class CachingAllocator(Allocator):
     def serves_now(self, size_bytes: int) -> bool:
         # at once when the request's own pool has a free block that large (largest_free_bytes
         # is at least that) or the capacity has room for it; otherwise as the base class
-        pool = self.pools.get(("small" if size_bytes <= SMALL_SIZE else "large", 0))
+        pool = self._stream0.get("small" if size_bytes <= SMALL_SIZE else "large")
         if pool is not None and pool.free.by_size \
                 and -pool.free.by_size[0] >> ADDR_BITS >= size_bytes:
             return True

@@ -49,7 +49,7 @@ class SimResult:
 
     def __init__(self, trace: Trace, hw: Hardware, plan: Plan, policy: str,
                  allocator: AllocatorSpec, capacity: int, out: EngineOutput,
-                 simpy_events: int) -> None:
+                 simpy_events: int, logged: bool = True) -> None:
         self.output = out  # the engine's raw outcome: executed ops, copies, memory log, oom
         self.simpy_events = simpy_events
         # A run cut short (run_plan's `iterations`) that can go on: the whole run's result,
@@ -61,10 +61,17 @@ class SimResult:
         self.plan = plan  # what was simulated (a measured run of the same plan has its digest)
         self._plan = plan
         self._inputs = (trace, hw, policy, allocator, capacity, out)
+        self.logged = logged  # (False: run_plan's `logged`; a verdict, no report)
+
+    def _needs_log(self) -> None:
+        if not self.logged:
+            raise RuntimeError("a run without its memory log (run_plan's logged=False) has no "
+                               "report or predicted trace, only its verdict")
 
     @functools.cached_property
     def report(self) -> dict[str, Any]:
         """The `vsim run --json` report (one dict: changes to it stay)."""
+        self._needs_log()
         trace, hw, policy, allocator, capacity, out = self._inputs
         report = run_metrics(trace, out)
         report.update({
@@ -92,6 +99,19 @@ class SimResult:
         })
         return report
 
+    @functools.cached_property
+    def verdict(self) -> dict[str, Any]:
+        """The report's `fits`, `oom` and `iteration_time_us` alone, the same values without
+        the report's metrics (a pass over the run's memory log): all that the judge of a
+        profiling run reads (vsim.policies.fitted.Judge)."""
+        if "report" in self.__dict__:
+            return {k: self.report[k] for k in ("fits", "oom", "iteration_time_us")}
+        trace, out = self._inputs[0], self._inputs[-1]
+        assert isinstance(trace, Trace) and isinstance(out, EngineOutput)
+        return {"fits": out.oom is None, "oom": None if out.oom is None else out.oom.to_json(),
+                "iteration_time_us": out.end_us  # (run_metrics' `end`)
+                + float(trace.meta.get("iteration_tail_us", 0.0))}
+
     @property
     def capacity_bound(self) -> bool:
         """Whether the capacity decided anything in this run of its plan (first iteration
@@ -106,6 +126,7 @@ class SimResult:
 
     @functools.cached_property
     def predicted(self) -> Trace:
+        self._needs_log()
         return _predicted_trace(*self._inputs)
 
 
@@ -186,6 +207,16 @@ class _PlanningRunner:
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,
                         tracked=self.tracked, tracker=self.tracker, iterations=iterations)
 
+    def unlogged(self, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int | None,
+                 iterations: int | None) -> SimResult:
+        """`screen` without the memory log (run_plan's `logged` False): a profiling run whose
+        verdict alone is read (SimResult.verdict; vsim.policies.fitted.Judge)."""
+        return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
+                        first_iteration=self.first_iteration,
+                        workspace_fallback=self.workspace_fallback, host_time=self.host_time,
+                        tracked=self.tracked, tracker=self.tracker, iterations=iterations,
+                        logged=False)
+
     def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
         """A lower bound on the iteration time this runner's profiling run reports for `plan`
         (vsim.engine.floor), with the host model and tracking its runs use."""
@@ -236,7 +267,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              tracked: bool | None = None, label: str = "plan",
              tracker: str | None = None, iterations: int | None = None,
-             dgrad_workspace: bool | None = None, draw: TimingDraw | None = None) -> SimResult:
+             dgrad_workspace: bool | None = None, draw: TimingDraw | None = None,
+             logged: bool = True) -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -288,6 +320,11 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
 
     `draw`: the run's iterations under one draw of the timing variation measured between real
     iterations (TimingDraw; all of them run, none alike); None: the recorded timing.
+
+    `logged` False: the engine keeps no memory log and no per-op records (its output's
+    `executed` is empty), from which the report and the predicted trace are built (asking
+    for either raises): a profiling run whose verdict alone is read (SimResult.verdict),
+    which runs the same without them.
     """
     capacity = _capacity(hw, capacity_bytes)
     if iterations is not None and iterations < 2:
@@ -307,7 +344,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
         dgrad_workspace = allocator.pytorch_runtime
     transients = trace_prep(trace).dgrad_workspaces() if dgrad_workspace else None
     run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked, transients,
-               draw)
+               draw, logged)
     return _advance(run, RUN_ITERATIONS if iterations is None else iterations, label, allocator,
                     capacity)
 
@@ -327,7 +364,7 @@ def _advance(run: _Run, iterations: int, label: str, allocator: AllocatorSpec, c
             gc.enable()
     simpy_events = next(engine.env._eid)  # noqa: SLF001  (SimPy numbers every event it schedules)
     result = SimResult(run.trace, run.hw, run.plan_given, label, allocator, capacity, out,
-                       simpy_events)
+                       simpy_events, run.logged)
     if not run.done and run.ran < RUN_ITERATIONS:
         result.resume = lambda: _advance(run, RUN_ITERATIONS, label, allocator, capacity)
     return result
@@ -382,8 +419,9 @@ class _Run:
                  first_iteration: bool, fallback: Mapping[int, Retime] | None,
                  host: HostModel | None, tracked: bool,
                  transients: Mapping[int, int] | None = None,
-                 draw: TimingDraw | None = None) -> None:
+                 draw: TimingDraw | None = None, logged: bool = True) -> None:
         self.trace, self.hw, self.plan, self.memory = trace, hw, plan, memory
+        self.logged = logged
         self.draw = draw
         self.rng = random.Random(draw.seed) if draw is not None else None
         self.transients = transients
@@ -412,7 +450,7 @@ class _Run:
             first = Engine(self.trace, self.hw, self.plan, self.memory,
                            first_use=trace_prep(self.trace).first_use(),
                            fallback=self.fallback, host=self.host, tracked=self.tracked,
-                           transients=self.transients, **self._drawn())
+                           transients=self.transients, logged=self.logged, **self._drawn())
             out = first.run()
             self.ran = 1
             if out.oom is not None:
@@ -448,7 +486,7 @@ class _Run:
             engine = Engine(self.trace, self.hw, self.plan, self.memory,
                             resident_blocks=self.resident, fallback=self.fallback,
                             host=self.host, tracked=self.tracked, clock=self.clock,
-                            transients=self.transients, **self._drawn())
+                            transients=self.transients, logged=self.logged, **self._drawn())
             self.clock = engine.clock
             out = engine.run()
             self.ran += 1

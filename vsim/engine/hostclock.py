@@ -47,15 +47,24 @@ def noted_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     until = index.track_until()
     touched: set[int] = set()
     noted: set[int] = set()
-    for op in trace.ops:
-        if op.id > until:
-            break
-        if op.id in index.recomputed_ops:
+    recomputed = index.recomputed_ops
+    if not recomputed:  # (nothing touched: nothing to note)
+        return frozenset()
+    # Only the recomputed ops and the in-place ones matter, in trace order up to the first op
+    # past `until`: walked over the trace's in-place ops and the plan's recomputed ones (a
+    # pass over every op per profiling run's clock before)
+    prep = trace_prep(trace)
+    pos, ops, inplace = prep.position, trace.ops, prep.inplace_updates()
+    stop = prep.stop_after(until)
+    walk = sorted({*(p for o in recomputed if (p := pos.get(o)) is not None and p < stop),
+                   *(p for p in inplace if p < stop)})
+    for p in walk:
+        op = ops[p]
+        if op.id in recomputed:
             touched.update(op.reads)
             touched.update(op.writes)
-        elif op.name.startswith("aten::") and op.name.endswith("_") and op.reads:
-            updated = dict(op.attrs).get("mutates") or op.reads[:1]
-            if any(t in touched for t in updated):
+        else:  # an in-place op (TracePrep.inplace_updates)
+            if any(t in touched for t in inplace[p]):
                 noted.add(op.id)
                 touched.update(op.reads)
                 touched.update(op.writes)
@@ -118,8 +127,9 @@ def hooked_ops(trace: Trace, index: PlanIndex) -> frozenset[int]:
     return (batch norm's saved statistics, max pooling's indices): the runtime finds it where
     autograd saves it (vsim.runtime.native.targets)."""
     acted = index.tensors_acted_on()
-    return frozenset(op.id for op in trace.ops
-                     if op.phase == "fwd" and any(t in acted for t in op.writes[1:]))
+    # (by tensor: per output of a forward op other than its first, those ops)
+    by_output = trace_prep(trace).later_outputs()
+    return frozenset(o for t in acted for o in by_output.get(t, ()))
 
 
 def executor_us(model: HostModel, index: PlanIndex | None, op: Op,

@@ -69,8 +69,11 @@ class DeviceMemory:
     so that the engine can turn it into a result."""
 
     def __init__(self, allocator: Allocator, count_pinned: bool = True,
-                 pinned_limit_bytes: int | None = None) -> None:
+                 pinned_limit_bytes: int | None = None, logged: bool = True) -> None:
+        """`logged` False: no log kept (a profiling run whose verdict alone is read,
+        vsim.engine.SimResult.verdict: the log is what its report would be built from)."""
         self.allocator = allocator
+        self.logged = logged
         self.count_pinned = count_pinned
         self.pinned_limit_bytes = pinned_limit_bytes
         self.blocks: dict[int, object] = {}
@@ -119,7 +122,9 @@ class DeviceMemory:
         self.state[tensor] = state
         if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
-        if self._fields:
+        if not self.logged:
+            pass
+        elif self._fields:
             self.log += ("alloc", now, block.addr, block.size, 0, tensor, op)  # type: ignore
         else:
             self.log += ("alloc", now, self._addr(block), self._size(block), 0, tensor, op)
@@ -133,7 +138,9 @@ class DeviceMemory:
         self.state[tensor] = DEVICE
         if self._segments and a.reserved_bytes != self._reserved_seen:  # (as _segment_change)
             self._segment_change(now)
-        if self._fields:  # (every resident tensor of every steady iteration comes here)
+        if not self.logged:
+            pass
+        elif self._fields:  # (every resident tensor of every steady iteration comes here)
             self.log += ("alloc", now, block.addr, block.size, 0, tensor, None)  # type: ignore
         else:
             self.log += ("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, None)
@@ -143,8 +150,9 @@ class DeviceMemory:
         no longer allocated (free_requested) but keeps the block until `release`
         (free_completed)."""
         block = self.blocks[tensor]
-        self.log += ("free_requested", now, self.allocator.block_addr(block),
-                     self.allocator.block_size(block), 0, tensor, op)
+        if self.logged:
+            self.log += ("free_requested", now, self.allocator.block_addr(block),
+                         self.allocator.block_size(block), 0, tensor, op)
 
     def detach(self, tensor: int, now: float, op: int | None, new_state: Residency,
                requested: bool = False) -> object | None:
@@ -152,7 +160,7 @@ class DeviceMemory:
         `give_back` (a copy stream's event pending on it, record_stream): logged free_requested
         now (unless `requested` already), the tensor moves to `new_state`; returns the block."""
         block = self.blocks.pop(tensor, None)
-        if block is not None and not requested:
+        if block is not None and not requested and self.logged:
             self.log += ("free_requested", now, self.allocator.block_addr(block),
                          self.allocator.block_size(block), 0, tensor, op)
         self.state[tensor] = new_state
@@ -160,12 +168,15 @@ class DeviceMemory:
 
     def give_back(self, block: object, tensor: int, now: float, op: int | None) -> None:
         """A detached block returns to the allocator (free_completed)."""
-        if self._fields:
-            size, addr = block.size, block.addr  # type: ignore[attr-defined]
+        if not self.logged:
+            self._free(block)
         else:
-            size, addr = self._size(block), self._addr(block)
-        self._free(block)
-        self.log += ("free_completed", now, addr, size, 0, tensor, op)
+            if self._fields:
+                size, addr = block.size, block.addr  # type: ignore[attr-defined]
+            else:
+                size, addr = self._size(block), self._addr(block)
+            self._free(block)
+            self.log += ("free_completed", now, addr, size, 0, tensor, op)
         if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
             self._segment_change(now)
 
@@ -181,8 +192,9 @@ class DeviceMemory:
         what they allocate: no segment events, and the metrics read it that way)."""
         reserved = self.allocator.reserved_bytes
         if reserved != self._reserved_seen:
-            action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
-            self.log += (action, now, 0, abs(reserved - self._reserved_seen), 0, None, None)
+            if self.logged:
+                action = "segment_alloc" if reserved > self._reserved_seen else "segment_free"
+                self.log += (action, now, 0, abs(reserved - self._reserved_seen), 0, None, None)
             self._reserved_seen = reserved
 
     def pin(self, size_bytes: int) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from bisect import bisect_right
+from itertools import pairwise
 from typing import Any
 
 from ..allocator.first_use import first_use_residents
@@ -60,7 +62,16 @@ class TracePrep:
             steps.append((op, gap, reads, deps))
         self.streams = streams
         self.waited: tuple[int, ...] = tuple(waited)
+        # per op, what it reads that it does not write, each once, in tensor order (the order
+        # the engine checks them in, Engine._reads_ready)
+        self.reads_sorted: dict[int, tuple[int, ...]] = {
+            op.id: tuple(sorted(set(op.reads).difference(op.writes))) for op in trace.ops}
+        self.position: dict[int, int] = {op.id: i for i, op in enumerate(trace.ops)}
+        self._ids = [op.id for op in trace.ops]
+        self._ids_rising = all(a < b for a, b in pairwise(self._ids))
         self._first_use: dict[int, list[int]] | None = None
+        self._inplace: dict[int, tuple[int, ...]] | None = None
+        self._later_outputs: dict[int, list[int]] | None = None
         self._dgrad: dict[int, int] | None = None
         # the host clock's per-op times, per host model's tables (hostclock._model_clock)
         self.host_tables: dict[tuple[int, int, int, float], tuple[Any, ...]] = {}
@@ -86,6 +97,43 @@ class TracePrep:
                            if o.layer_type == "conv" and o.phase == "bwd"
                            and forward.get(o.layer) and workspace(o) > 0}
         return self._dgrad
+
+    def stop_after(self, until: int) -> int:
+        """The position in the trace of its first op whose id is above `until` (its length if
+        none): where a walk in trace order that stops there stops."""
+        if self._ids_rising:  # (ids in trace order, as every importer numbers them)
+            return bisect_right(self._ids, until)
+        trace = self._trace()
+        assert trace is not None
+        return next((i for i, op in enumerate(trace.ops) if op.id > until), len(trace.ops))
+
+    def inplace_updates(self) -> dict[int, tuple[int, ...]]:
+        """Per position in the trace of an in-place op (`aten::*_`) that reads something, in
+        trace order, the tensors it updates: its `mutates` attribute where recorded, else its
+        first read (hostclock.noted_ops)."""
+        if self._inplace is None:
+            trace = self._trace()
+            assert trace is not None
+            self._inplace = {i: tuple(dict(op.attrs).get("mutates") or op.reads[:1])
+                             for i, op in enumerate(trace.ops) if op.name.startswith("aten::")
+                             and op.name.endswith("_") and op.reads}
+        return self._inplace
+
+    def later_outputs(self) -> dict[int, list[int]]:
+        """Per tensor, the forward ops that write it as an output other than their first
+        (hostclock.hooked_ops)."""
+        if self._later_outputs is None:
+            trace = self._trace()
+            assert trace is not None
+            got: dict[int, list[int]] = {}
+            for op in trace.ops:
+                if op.phase == "fwd":
+                    for t in op.writes[1:]:
+                        ops = got.setdefault(t, [])
+                        if not ops or ops[-1] != op.id:
+                            ops.append(op.id)
+            self._later_outputs = got
+        return self._later_outputs
 
     def first_use(self) -> dict[int, list[int]]:
         """vsim.allocator.first_use.first_use_residents of the trace (built on first call)."""

@@ -36,6 +36,7 @@ from .memory import (
     Residency,
 )
 from .prep import Step, trace_prep
+from .sim import Environment
 from .transfers import D2H_STREAM, H2D_STREAM, Transfers
 
 __all__ = ["D2H_STREAM", "H2D_STREAM", "Engine", "EngineOutput", "ExecutedOp", "PlanError"]
@@ -84,7 +85,8 @@ class Engine:
                  host: HostModel | None = None, tracked: bool = False,
                  clock: HostClock | None = None,
                  transients: Mapping[int, int] | None = None,
-                 scale: Mapping[int, float] | None = None, host_scale: float = 1.0) -> None:
+                 scale: Mapping[int, float] | None = None, host_scale: float = 1.0,
+                 logged: bool = True) -> None:
         """`first_use` (a first iteration): resident tensors created as the given ops launch
         (vsim.allocator.first_use). `resident_blocks`: resident tensors already in `allocator`
         (left by a previous iteration), adopted instead of allocated. `fallback`: per
@@ -95,7 +97,9 @@ class Engine:
         issue times are reused), instead of building one from `host`. `transients`: per op,
         a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
-        duration as a multiple of the recorded one; the host's issue times, likewise."""
+        duration as a multiple of the recorded one; the host's issue times, likewise.
+        `logged` False: no memory log and no ExecutedOp records, only the run's end
+        (run_plan's)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
         self.fell_back: list[int] = []
@@ -109,12 +113,12 @@ class Engine:
         self.index = PlanIndex(plan)  # read only: what the run changes is the engine's
         # The plan's retimes and, added as ops fall back, their workspace-free algorithms.
         self.retime: dict[int, Retime] = dict(self.index.retime)
-        self.env = simpy.Environment()
+        self.env = Environment()
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
         self.memory = DeviceMemory(allocator,
                                    count_pinned=plan.pinned and not plan.pinned_pool_bytes,
-                                   pinned_limit_bytes=hw.pinned_limit_bytes)
+                                   pinned_limit_bytes=hw.pinned_limit_bytes, logged=logged)
         prep = trace_prep(trace)  # read only, shared by every run on the trace
         self.prep = prep
         self.tensors: dict[int, Tensor] = prep.tensors
@@ -129,6 +133,10 @@ class Engine:
         self.transfers = Transfers(self.env, hw, plan, self.memory, self.size, self.finished,
                                    self._alloc_waiting, self._stop)
         self.executed: list[ExecutedOp] = []
+        # (logged False: no ExecutedOp records either, only the latest end of an op: a
+        # profiling run's verdict needs its end alone)
+        self.logged = logged
+        self.ops_end_us = 0.0
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
@@ -167,7 +175,7 @@ class Engine:
             gens.append(self._finish(procs))
             self.env.process(gens[-1])
             try:
-                self.env.run(until=self.halt)
+                self.env.run_until(self.halt)
             except RuntimeError:  # SimPy: no event left to happen, yet the run is not over
                 if self.halt.triggered or self.env.peek() != float("inf"):
                     raise
@@ -190,7 +198,7 @@ class Engine:
         self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
-                  [c.start_us + c.dur_us for c in copies] + [0.0])
+                  [c.start_us + c.dur_us for c in copies] + [self.ops_end_us, 0.0])
         notes = list(self.plan.notes)
         if self.clock is not None and end > 0 and self.host_wait_us > 0.05 * end:
             notes.append(f"host-bound: the GPU waited {self.host_wait_us / 1e3:.2f} ms of the "
@@ -218,12 +226,17 @@ class Engine:
     def _allocate_resident(self) -> bool:
         """Weights, optimizer state, inputs: on the GPU before the first op (unless created at
         first use, or already there from a previous iteration)."""
+        # (_alloc written out, with the memory's methods and the clock read once: every
+        # profiling run's first iteration allocates every weight and input here)
+        awaiting, blocks, size, now = self.awaiting, self.resident_blocks, self.size, self.env.now
+        adopt, allocate = self.memory.adopt, self.memory.allocate
         for t in self.prep.resident:
-            if t not in self.awaiting:
-                block = self.resident_blocks.get(t)
+            if t not in awaiting:
+                block = blocks.get(t)
                 if block is not None:
-                    self.memory.adopt(t, block, self.env.now)
-                elif not self._alloc(t, None):
+                    adopt(t, block, now)
+                elif not allocate(t, size[t], now, None):
+                    self._out_of_memory(t, None)
                     return False
         return True
 
@@ -336,6 +349,7 @@ class Engine:
         # changed in place, never replaced)
         release_at_end, releasing = transfers._release_at_end, transfers._releasing  # noqa: SLF001
         scaled = self.scale is not None
+        logged = self.logged
         # the clock's issue times (HostClock.issue, not replaced during a run)
         clock_issue = clock.issue if clock is not None else {}
         prev_end = 0.0
@@ -415,8 +429,11 @@ class Engine:
                         continue
                     if wait_for_memory and not serves_now(size[t]):
                         break
-                    if sync_cap and transfers.copying() and would_hit(size[t]):
-                        break  # (_syncs_for written out): _allocate_outputs synchronizes
+                    # (_syncs_for and Transfers.copying written out)
+                    if sync_cap and (transfers.in_flight or transfers.limbo
+                                     or transfers._returning) \
+                            and would_hit(size[t]):  # noqa: SLF001
+                        break  # _allocate_outputs synchronizes
                     if not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
@@ -431,7 +448,9 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    syncs = sync_cap and transfers.copying() and would_hit(size[t])  # (ditto)
+                    syncs = sync_cap and bool(  # (ditto)
+                        transfers.in_flight or transfers.limbo
+                        or transfers._returning) and would_hit(size[t])  # noqa: SLF001
                     if syncs or not allocate(t, size[t], now, oid):
                         if syncs or retries and transfers.releasing_memory("any"):
                             # the allocator synchronizes at the cap (sync_at_capacity), or
@@ -458,10 +477,13 @@ class Engine:
                     yield env.timeout(dur)
                 else:
                     env._now = then  # noqa: SLF001
-            executed = ExecutedOp(op, start, dur, stall)
-            if acted and oid in retime and retime[oid].workspace_bytes == 0:
-                executed.without_workspace = True
-            executed_append(executed)
+            if logged:
+                executed = ExecutedOp(op, start, dur, stall)
+                if acted and oid in retime and retime[oid].workspace_bytes == 0:
+                    executed.without_workspace = True
+                executed_append(executed)
+            elif start + dur > self.ops_end_us:  # (the ExecutedOp's start_us + dur_us)
+                self.ops_end_us = start + dur
             if oid in acts_after or release_at_end or releasing:
                 self._after(op)
             else:  # _after's common case: no copy waits for the op, no action after it
@@ -478,7 +500,8 @@ class Engine:
                 inflight = transfers.in_flight_events()
                 if inflight:
                     yield env.all_of(inflight)
-                self.executed[-1].stall_us += env.now - sync_start
+                if logged:
+                    self.executed[-1].stall_us += env.now - sync_start
             prev_end = env._now  # noqa: SLF001
             completed.add(oid)
             if oid in done:
@@ -502,13 +525,14 @@ class Engine:
             # The common case (no recomputation before the op) with where and leaving written
             # out: a tensor on the GPU and not leaving needs no wait (an offloading plan's
             # every op comes here)
-            needed = set(op.reads).difference(op.writes)
+            # (sorted(set(op.reads).difference(op.writes)), made once per trace)
+            needed = self.prep.reads_sorted[op.id]
             needs = self.index.needs.get(op.id)
             if needs:
-                needed.update(needs)
+                needed = tuple(sorted(set(needed).union(needs)))
             state_get, finished = self.memory.state.get, self.transfers.finished
             release_op_get = self.transfers._release_op.get  # noqa: SLF001
-            for t in sorted(needed):
+            for t in needed:
                 where = state_get(t, UNBORN)
                 if where is DEVICE or where is OFFLOADING and release_op_get(t) not in finished:
                     continue
@@ -526,9 +550,9 @@ class Engine:
         rebuilt = {t for rc in recomputes for o in rc.ops for t in self.ops[o].writes}
         chain_reads = {t for rc in recomputes for o in rc.ops for t in self.ops[o].reads}
         # What the op itself writes is allocated just after these waits.
-        needed = (set(op.reads) - set(op.writes) - rebuilt) | (chain_reads - rebuilt) \
+        wanted = (set(op.reads) - set(op.writes) - rebuilt) | (chain_reads - rebuilt) \
             | set(self.index.needs.get(op.id, []))
-        for t in sorted(needed):
+        for t in sorted(wanted):
             where = self.memory.where(t)
             # An offload whose release op has ended gives the device copy back as soon as its
             # copy ends, maybe while this op runs: for a reader it is already gone.
@@ -747,7 +771,10 @@ class Engine:
             dur = self._duration(op)
             if dur > 0:
                 yield from self._wait(dur)
-            self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+            if self.logged:
+                self.executed.append(ExecutedOp(op, start, dur, 0.0, recompute_of=op_id))
+            elif start + dur > self.ops_end_us:
+                self.ops_end_us = start + dur
         for t, former in transient:
             self.memory.release(t, self.env.now, before.id, former)
         return True

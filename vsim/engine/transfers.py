@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
+from simpy.events import URGENT
 
 from ..hardware import Hardware
 from ..plan import Offload, Plan, Prefetch
@@ -67,8 +68,8 @@ class Transfers:
         self._releasing: dict[int, list[int]] = defaultdict(list)  # release op -> offloaded
         self._release_at_end: dict[int, list[int]] = defaultdict(list)  # ... copied out
         self._free_pending: set[int] = set()           # freed by the trace while copied
-        self._procs: list[simpy.Process] = []          # offload and prefetch processes
-        self._gens: list[Generator[simpy.Event, Any, Any]] = []  # ... and their generators
+        self._alive: dict[_Job, None] = {}             # copies (and give-backs) not ended
+        self._suspended: dict[Generator[simpy.Event, Any, Any], None] = {}  # their waits
         # Copy streams' events on freed blocks (record_stream): PyTorch records an event on each
         # stream that used a block when the program frees it, and reuses the block only once
         # that event has passed, i.e. once every copy issued on that stream before the free has
@@ -89,21 +90,27 @@ class Transfers:
 
     # ------------------------------------------------------------ what the engine asks
 
-    def _start(self, gen: Generator[simpy.Event, Any, Any]) -> None:
-        self._gens.append(gen)
-        self._procs.append(self.env.process(gen))
-
     def close(self) -> None:
-        """After the run: end every copy process still suspended (an out-of-memory run stops
-        with copies in flight) and drop the engine's callbacks, so that no reference cycle
-        keeps the run's records alive (Engine.run)."""
-        for gen in self._gens:
+        """After the run: let go of every copy not ended (an out-of-memory run stops with
+        copies in flight), close the waits still suspended and drop the engine's callbacks,
+        so that no reference cycle keeps the run's records alive (Engine.run)."""
+        for job in self._alive:
+            job.tr = None
+        self._alive.clear()
+        for gen in self._suspended:
             gen.close()
+        self._suspended.clear()
+        self.link.close()
         self.allocate = self.stop = _has_run
 
-    def alive(self) -> list[simpy.Process]:
-        """Copy processes still running (the iteration ends when they do)."""
-        return [p for p in self._procs if p.is_alive]
+    def alive(self) -> list[simpy.Event]:
+        """The ends of the copies still running (the iteration ends when they do)."""
+        ends = []
+        for job in self._alive:
+            if job.end is None:
+                job.end = self.env.event()
+            ends.append(job.end)
+        return ends
 
     def take_host_blocking(self) -> list[simpy.Event]:
         """Pageable copies not yet finished that the host must wait for; forgets them all."""
@@ -233,17 +240,11 @@ class Transfers:
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._copied_out[t])
-        self._start(self._offload(t, off.at_op, release_after))
+        _Offload(self, t, off.at_op, release_after)
 
-    def _offload(self, t: int, at_op: int, release_after: int
-                 ) -> Generator[simpy.Event, Any, None]:
+    def _copied(self, t: int, release_after: int, start: float, end: float) -> None:
+        """An offload's D2H copy has ended."""
         size = self.size[t]
-        if self.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
-            yield self.env.timeout(self.hw.pinned_alloc_us_per_gib * size / 2**30)
-        if not self.memory.pin(size):  # cudaMallocHost fails: the run ends there
-            self.stop(self.memory.pinned_oom(at_op, t, size))
-            return
-        start, end = yield from self.link.copy("d2h", size, self.plan.pinned)
         self.in_flight -= 1
         self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
         self._d2h_active.pop(t, None)
@@ -294,11 +295,10 @@ class Transfers:
             return
         done = self.env.event()
         self._returning.append(done)
-        self._start(self._give_back(block, t, op, waits, done))
+        _GiveBack(self, block, t, op, waits, done)
 
-    def _give_back(self, block: object, t: int, op: int | None, waits: list[simpy.Event],
-                   done: simpy.Event) -> Generator[simpy.Event, Any, None]:
-        yield self.env.all_of(waits)
+    def _given_back(self, block: object, t: int, op: int | None, done: simpy.Event) -> None:
+        """A detached block's stream events have passed."""
         if self.host_events:
             self.limbo.append((self.env.now, block, t, op))
         else:
@@ -324,24 +324,12 @@ class Transfers:
         self.in_flight += 1
         if not self.plan.pinned:
             self.host_blocking.append(self._prefetched[t])
-        self._start(self._prefetch(pre))
+        _Prefetch(self, pre, self._prefetched[t])
 
-    def _prefetch(self, pre: Prefetch) -> Generator[simpy.Event, Any, None]:
+    def _arrived(self, pre: Prefetch, done: simpy.Event, start: float, end: float) -> None:
+        """A prefetch's H2D copy has ended."""
         t = pre.tensor
-        done = self._prefetched[t]
-        pending = self._released.get(t)
-        if pending is not None and not pending.triggered:
-            yield pending  # the data must have left before it can come back
-        if self.memory.where(t) is not HOST:
-            self.in_flight -= 1
-            done.succeed()
-            return
-        if not (yield from self.allocate(t, pre.at_op, PREFETCHING)):
-            return
-        self._h2d_active[t] = done
-        self.h2d_used.add(t)
         size = self.size[t]
-        start, end = yield from self.link.copy("h2d", size, self.plan.pinned)
         self.in_flight -= 1
         self._h2d_active.pop(t, None)
         self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
@@ -352,6 +340,163 @@ class Transfers:
             self.h2d_used.discard(t)
             self.memory.release(t, self.env.now, pre.needed_by, FREED)
         done.succeed()
+
+
+class _Job:
+    """A copy (or a detached block's return) as the callbacks of the events it waits for, in
+    place of a SimPy process (the copies' processes were a fifth of an offloading plan's
+    SimPy events, and their resumptions more): it starts in an event of SimPy's Initialize
+    priority (URGENT) scheduled where the process would have been, and goes on in the steps
+    the process would have been resumed in, in the same order among each event's callbacks.
+    Its end is an event only where something waits for it (Transfers.alive); a process's end
+    was an event for every copy, processed with nothing to call."""
+
+    __slots__ = ("tr", "end")
+
+    def __init__(self, tr: Transfers) -> None:
+        self.tr: Transfers | None = tr
+        self.end: simpy.Event | None = None
+        env = tr.env
+        start = simpy.Event(env)
+        start._ok, start._value = True, None  # noqa: SLF001
+        start.callbacks.append(self.begin)  # type: ignore[union-attr]
+        env.schedule(start, URGENT)
+        tr._alive[self] = None  # noqa: SLF001
+
+    def begin(self, _: object) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Its last step (where its process ended)."""
+        assert self.tr is not None
+        del self.tr._alive[self]  # noqa: SLF001
+        if self.end is not None:
+            self.end.succeed()
+
+
+def _on(event: simpy.Event, then: Callable[[Any], None]) -> None:
+    """`then(event)` once the event is processed, as a process that yields it is resumed (at
+    once where it already was)."""
+    if event.callbacks is not None:
+        event.callbacks.append(then)
+    else:
+        then(event)
+
+
+class _Offload(_Job):
+    __slots__ = ("t", "at_op", "release_after")
+
+    def __init__(self, tr: Transfers, t: int, at_op: int, release_after: int) -> None:
+        self.t, self.at_op, self.release_after = t, at_op, release_after
+        super().__init__(tr)
+
+    def begin(self, _: object) -> None:
+        tr = self.tr
+        assert tr is not None
+        if tr.plan.pinned_lazy:  # cudaMallocHost per buffer, before the copy can start
+            _on(tr.env.timeout(tr.hw.pinned_alloc_us_per_gib * tr.size[self.t] / 2**30),
+                self.pin)
+        else:
+            self.pin(None)
+
+    def pin(self, _: object) -> None:
+        tr, t = self.tr, self.t
+        assert tr is not None
+        size = tr.size[t]
+        if not tr.memory.pin(size):  # cudaMallocHost fails: the run ends there
+            tr.stop(tr.memory.pinned_oom(self.at_op, t, size))
+            self.finish()
+            return
+        tr.link.start("d2h", size, tr.plan.pinned, self.copied)
+
+    def copied(self, start: float, end: float) -> None:
+        tr = self.tr
+        assert tr is not None
+        tr._copied(self.t, self.release_after, start, end)  # noqa: SLF001
+        self.finish()
+
+
+class _Prefetch(_Job):
+    __slots__ = ("pre", "done", "gen")
+
+    def __init__(self, tr: Transfers, pre: Prefetch, done: simpy.Event) -> None:
+        self.pre, self.done = pre, done
+        self.gen: Generator[simpy.Event, Any, bool] | None = None
+        super().__init__(tr)
+
+    def begin(self, _: object) -> None:
+        tr = self.tr
+        assert tr is not None
+        pending = tr._released.get(self.pre.tensor)  # noqa: SLF001
+        if pending is not None and not pending.triggered:
+            _on(pending, self.fetch)  # the data must have left before it can come back
+        else:
+            self.fetch(None)
+
+    def fetch(self, _: object) -> None:
+        tr, pre = self.tr, self.pre
+        assert tr is not None
+        if tr.memory.where(pre.tensor) is not HOST:
+            tr.in_flight -= 1
+            self.done.succeed()
+            self.finish()
+            return
+        self.gen = tr.allocate(pre.tensor, pre.at_op, PREFETCHING)
+        self.allocating(None)
+
+    def allocating(self, event: simpy.Event | None) -> None:
+        """Its allocation (the engine's, which may wait for memory) run as a SimPy process
+        would run it from here, resumed by the events it yields (most yield none)."""
+        tr, gen = self.tr, self.gen
+        assert tr is not None and gen is not None
+        while True:
+            try:
+                event = gen.send(None if event is None else event._value)  # noqa: SLF001
+            except StopIteration as stop:
+                if event is not None:
+                    tr._suspended.pop(gen, None)  # noqa: SLF001
+                self.gen = None
+                self.allocated(stop.value)
+                return
+            if event.callbacks is not None:
+                event.callbacks.append(self.allocating)
+                tr._suspended[gen] = None  # noqa: SLF001
+                return
+
+    def allocated(self, ok: bool) -> None:
+        tr, t = self.tr, self.pre.tensor
+        assert tr is not None
+        if not ok:
+            self.finish()
+            return
+        tr._h2d_active[t] = self.done  # noqa: SLF001
+        tr.h2d_used.add(t)
+        tr.link.start("h2d", tr.size[t], tr.plan.pinned, self.arrived)
+
+    def arrived(self, start: float, end: float) -> None:
+        tr = self.tr
+        assert tr is not None
+        tr._arrived(self.pre, self.done, start, end)  # noqa: SLF001
+        self.finish()
+
+
+class _GiveBack(_Job):
+    __slots__ = ("block", "t", "op", "waits", "done")
+
+    def __init__(self, tr: Transfers, block: object, t: int, op: int | None,
+                 waits: list[simpy.Event], done: simpy.Event) -> None:
+        self.block, self.t, self.op, self.waits, self.done = block, t, op, waits, done
+        super().__init__(tr)
+
+    def begin(self, _: object) -> None:
+        assert self.tr is not None
+        _on(self.tr.env.all_of(self.waits), self.back)
+
+    def back(self, _: object) -> None:
+        tr = self.tr
+        assert tr is not None
+        tr._given_back(self.block, self.t, self.op, self.done)  # noqa: SLF001
+        self.finish()
 
 
 def _has_run(*_: object) -> Any:

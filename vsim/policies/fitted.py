@@ -72,50 +72,88 @@ runs, 501 of the 551 that ran out of memory did so by the third iteration, and a
 takes up to 13."""
 
 
+def _verdict(result: Any) -> dict[str, Any]:
+    """A run's report as its judge reads it: `fits`, `oom` and `iteration_time_us` (a
+    SimResult's `verdict`, without the rest of its report; a runner that gives none, its
+    report)."""
+    verdict = getattr(result, "verdict", None)
+    out: dict[str, Any] = result.report if verdict is None else verdict
+    return out
+
+
+class _PlanKey:
+    """A plan without its notes as a dict key, its hash computed once (a plan of hundreds of
+    actions hashes each of them, and the judge looked each plan up four times)."""
+
+    __slots__ = ("plan", "hash")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = dataclasses.replace(plan, notes=())
+        self.hash = hash(self.plan)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or isinstance(other, _PlanKey) and self.hash == other.hash \
+            and self.plan == other.plan
+
+
 class Judge:
     """`check`, memoised by plan: a planner that weighs several candidate plans (recompute
     optimal, the escalation below) runs each distinct plan once. `screen` runs a plan for its
     first SCREEN_ITERATIONS only (where the run_plan can: engine.planning_runner), which is all
-    a run that runs out of memory early needs."""
+    a run that runs out of memory early needs. What it returns of a run is the report's
+    `fits`, `oom` and `iteration_time_us` (`_verdict`): all its callers read; so it runs them
+    without the memory log the rest is built from, where the run_plan can (`unlogged`:
+    engine.planning_runner's)."""
 
     def __init__(self, run_plan: RunPlan, trace: Trace, hw: Hardware, capacity_bytes: int
                  ) -> None:
         self.run_plan, self.trace, self.hw, self.capacity = run_plan, trace, hw, capacity_bytes
-        self._seen: dict[Plan, dict[str, Any]] = {}
+        self._seen: dict[_PlanKey, dict[str, Any]] = {}
         # screened runs that fit so far, with the way to go on (SimResult.resume)
-        self._screened: dict[Plan, tuple[dict[str, Any], Callable[[], Any] | None]] = {}
+        self._screened: dict[_PlanKey, tuple[dict[str, Any], Callable[[], Any] | None]] = {}
         self.runs = 0
 
     def __call__(self, plan: Plan) -> dict[str, Any]:
-        key = dataclasses.replace(plan, notes=())
-        if key not in self._seen:
+        key = _PlanKey(plan)
+        got = self._seen.get(key)
+        if got is None:
             resume = self._screened.pop(key, (None, None))[1]
             if resume is not None:  # its screening run, gone on
-                self._seen[key] = resume().report
+                got = _verdict(resume())
             else:
-                self.runs += 1
-                self._seen[key] = check(self.run_plan, self.trace, self.hw, plan, self.capacity)
-        return self._seen[key]
+                self.runs += 1  # (check's run, its verdict alone)
+                unlogged = getattr(self.run_plan, "unlogged", None)
+                got = _verdict(unlogged(self.trace, self.hw, plan, self.capacity, None)
+                               if unlogged is not None else
+                               self.run_plan(self.trace, self.hw, plan, None, self.capacity))
+            self._seen[key] = got
+        return got
 
     def screen(self, plan: Plan) -> dict[str, Any]:
         """The report of a run of `plan`'s first SCREEN_ITERATIONS: out of memory there is the
         whole run's verdict, and so is fitting where the run settled within them; a run that
         fits them and goes on says only that. The whole run's report where there is one."""
-        key = dataclasses.replace(plan, notes=())
-        if key in self._seen:
-            return self._seen[key]
-        if key not in self._screened:
-            screen = getattr(self.run_plan, "screen", None)
+        key = _PlanKey(plan)
+        got = self._seen.get(key)
+        if got is not None:
+            return got
+        screened = self._screened.get(key)
+        if screened is None:
+            screen = getattr(self.run_plan, "unlogged", None) \
+                or getattr(self.run_plan, "screen", None)
             if screen is None:
                 return self(plan)
             self.runs += 1
             result = screen(self.trace, self.hw, plan, self.capacity, SCREEN_ITERATIONS)
-            report: dict[str, Any] = result.report
+            report = _verdict(result)
             if result.resume is None:
                 self._seen[key] = report  # the whole run's verdict: settled, or out of memory
                 return report
-            self._screened[key] = (report, result.resume)
-        return self._screened[key][0]
+            screened = self._screened[key] = (report, result.resume)
+        return screened[0]
 
     def floor(self, plan: Plan) -> float:
         """A lower bound on the time `self(plan)` reports (plan.iteration_floor; 0 if none)."""

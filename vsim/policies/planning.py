@@ -343,10 +343,11 @@ def stale_inputs(view: TraceView, chain: Iterable[int],
     # only inputs that some op updates in place can be stale (most have none: the DP asks this
     # for thousands of segments)
     has_updates = view._updates  # noqa: SLF001  (view.updates(t) is non-empty iff t is a key)
-    updated = [t for t in (chain_inputs(view, chain) if inputs is None else inputs)
-               if t in has_updates]
-    if not updated:
+    if inputs is None:
+        inputs = chain_inputs(view, chain)
+    if has_updates.keys().isdisjoint(inputs):  # (the common case, without a pass in Python)
         return set()
+    updated = [t for t in inputs if t in has_updates]
     pos, by_id, wanted = view.pos, view.op, set(updated)
     first: dict[int, int] = {}  # per updated input, the first chain op that reads it
     for o in chain:

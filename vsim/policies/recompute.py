@@ -92,6 +92,9 @@ _Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
 keeps and its recomputation time (Segmenter._dp_rows)."""
 
 
+_NEVER = float("inf")  # (Segmenter._need_pos: a map no backward op reads)
+
+
 @dataclass(frozen=True)
 class _Shape:
     dropped: tuple[int, ...]
@@ -247,7 +250,9 @@ class Segmenter:
 
     def _new_shape(self, a: int, b: int) -> _Shape:
         view = self.view
-        lo, hi = self.layers(a, b).start, self.layers(a, b).stop - 1
+        # (self.layers(a, b) written out)
+        cands = self.cands
+        lo, hi = cands[a - 1] + 1 if a > 0 else 0, cands[b - 1]
         # (slices of the maps and forward ops in layer order: the DP asks for thousands)
         produced = self.map_list[self.map_off_list[lo]:self.map_off_list[hi + 1]]
         # kept: the last layer's maps and any map a later layer reads (checkpoints)
@@ -256,13 +261,19 @@ class Segmenter:
         kept_set = set(kept)
         dropped = [t for t in produced if t not in kept_set]
         tensor = view.tensor
-        kb = sum(tensor[t].size_bytes for t in kept)
-        db = sum(tensor[t].size_bytes for t in dropped)
+        size = self._map_bytes()
+        kb = sum(map(size.__getitem__, kept))
+        db = sum(map(size.__getitem__, dropped))
         if not dropped:
             return _Shape((), (), None, kb, 0, True, 0, ())
         drop_set = set(dropped)
-        before = min((n for t in dropped if (n := self.first_need[t]) is not None),
-                     key=view.pos.__getitem__)
+        # (the dropped map needed first: min((n for t in dropped if (n := first_need[t]) is not
+        # None), key=view.pos.__getitem__), over its position by map)
+        need_pos, fwd_op_at = self._need_pos()
+        first = min(map(need_pos.__getitem__, dropped))
+        if first == _NEVER:  # (as min() of nothing)
+            raise ValueError("min() arg is an empty sequence")
+        before = fwd_op_at[int(first)]
         slot = view.before(before)
         fwd_off = self._fwd_ops()[1]
         chain = self._rebuild_chain(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
@@ -273,8 +284,14 @@ class Segmenter:
         inputs = {t for op in chain_ops for t in op.reads if t not in written}
         # (alive_in_trace written out: the DP asks this for thousands of segments)
         alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
-        valid = all(alloc[t] <= slot < free[t] and t not in drop_set for t in inputs) \
-            and not planning.stale_inputs(view, chain, inputs)
+        valid = inputs.isdisjoint(drop_set)
+        if valid:
+            for t in inputs:
+                if not alloc[t] <= slot < free[t]:
+                    valid = False
+                    break
+            else:
+                valid = not planning.stale_inputs(view, chain, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
         transient = [tensor[t] for t in written
                      if t not in drop_set and not alloc[t] <= slot < free[t]]
@@ -283,19 +300,42 @@ class Segmenter:
                       tuple((t.producer, t.size_bytes) for t in transient
                             if t.kind == "workspace" and t.producer is not None))
 
+    def _need_pos(self) -> tuple[dict[int, float], dict[int, int]]:
+        """Per saved map, the position in the trace of its first backward reader (_NEVER:
+        none), and per such position, that op (memoised on the view)."""
+        got = self.view.memo.get("need positions")
+        if got is None:
+            pos = self.view.pos
+            need = {t: n for t, n in self.first_need.items() if n is not None}
+            got = self.view.memo["need positions"] = (
+                {t: pos[need[t]] if t in need else _NEVER for t in self.first_need},
+                {pos[n]: n for n in need.values()})
+        tables: tuple[dict[int, float], dict[int, int]] = got
+        return tables
+
+    def _map_bytes(self) -> dict[int, int]:
+        """Per saved map, its bytes (memoised on the view)."""
+        got = self.view.memo.get("map bytes")
+        if got is None:
+            tensor = self.view.tensor
+            got = self.view.memo["map bytes"] = {t: tensor[t].size_bytes for t in self.made_in}
+        size: dict[int, int] = got
+        return size
+
     def _rebuild_chain(self, start: int, stop: int, targets: set[int], slot: int
                        ) -> tuple[int, ...]:
         """planning.rebuild_chain(view, ops, targets, slot) for `ops` the forward ops
         start..stop-1 in layer order (_fwd_ops; a segment's), over per-op tables built once
-        per view: what each op writes or updates in place, and of each read its producer's
-        place in that order and its slots. (The DP's segment shapes ask for thousands of
-        chains, each a walk back over its segment's ops.)"""
+        per view: what each op writes or updates in place, and of each read produced by a
+        forward op its producer's place in that order and its slots. (The DP's segment
+        shapes ask for thousands of chains, each a walk back over its segment's ops.)"""
         fwd_ops = self._fwd_ops()[0]
         touch, mutates, reads = self._chain_tables()
         needed = set(targets)
         chosen: list[int] = []
+        add, isdisjoint = needed.add, needed.isdisjoint
         for i in range(stop - 1, start - 1, -1):
-            if needed.isdisjoint(touch[i]):
+            if isdisjoint(touch[i]):
                 continue
             chosen.append(fwd_ops[i])
             m = mutates[i]
@@ -303,15 +343,15 @@ class Segmenter:
                 needed |= m
             for t, p, alloc, free in reads[i]:
                 if start <= p < stop and not alloc <= slot < free:
-                    needed.add(t)
+                    add(t)
         return tuple(reversed(chosen))
 
     def _chain_tables(self) -> tuple[list[frozenset[int]], list[frozenset[int] | None],
                                      list[tuple[tuple[int, int, int, int], ...]]]:
         """Per forward op in layer order (_fwd_ops): the tensors it writes or updates in
-        place, those it updates in place (None: none), and per read (the tensor, its
-        producer's place in that order or -1, its allocation and free slots). Memoised on the
-        view."""
+        place, those it updates in place (None: none), and per read that a forward op produces
+        (the tensor, its producer's place in that order, its allocation and free slots).
+        Memoised on the view."""
         got = self.view.memo.get("chain tables")
         if got is None:
             view = self.view
@@ -323,9 +363,11 @@ class Segmenter:
                 op, m = view.op[o], view.mutates.get(o)
                 touch.append(frozenset(op.writes) | (m or frozenset()))
                 mutates.append(m)
+                # (a read no forward op produces, place -1, is never in a segment: left out)
                 reads.append(tuple(
-                    (t, -1 if (p := view.tensor[t].producer) is None else place.get(p, -1),
-                     alloc[t], free[t]) for t in op.reads))
+                    (t, q, alloc[t], free[t]) for t in op.reads
+                    if (q := -1 if (p := view.tensor[t].producer) is None
+                        else place.get(p, -1)) >= 0))
             got = self.view.memo["chain tables"] = (touch, mutates, reads)
         tables: tuple[list[frozenset[int]], list[frozenset[int] | None],
                       list[tuple[tuple[int, int, int, int], ...]]] = got
@@ -469,16 +511,83 @@ class Segmenter:
         among them (-1: none). Independent of the algorithms: memoised on the view."""
         got = self.view.memo.get("segment profiles")
         if got is None:
-            parts = [self._new_own_profile(a, b) for a, b in self._entry_keys()]
-            size = np.array([len(p[0]) for p in parts], dtype=np.int64).reshape(-1)
-            got = self.view.memo["segment profiles"] = (
-                np.concatenate([p[0] for p in parts]).astype(np.int64),
-                np.concatenate([p[1] for p in parts]).astype(np.int64),
-                np.cumsum(size) - size, size,
-                np.array([-1 if p[2] is None else p[2] for p in parts],
-                         dtype=np.int64).reshape(-1))
+            got = self.view.memo["segment profiles"] = self._own_profiles()
         profiles: tuple[np.ndarray, ...] = got
         return profiles
+
+    def _own_profiles(self) -> tuple[np.ndarray, ...]:
+        """_entry_profiles' arrays: _new_own_profile of every DP segment, concatenated, in one
+        vectorised pass over all of them (a segment's own events and slots are tagged with
+        its index, sorted by (segment, slot) and summed with one cumulative sum: the same
+        integers, without a dozen numpy calls per segment, which were 8% of recompute
+        optimal's planning on resnet152 at 0.3 of its peak). tests/test_plan_time.py holds it
+        to _new_own_profile per segment."""
+        keys = self._entry_keys()
+        view, n = self.view, len(keys)
+        cands, moff = self.cands, self.map_off_list
+        first = np.array([cands[a - 1] + 1 if a > 0 else 0 for a, _ in keys], dtype=np.int64)
+        stop = np.array([cands[b - 1] + 1 for _, b in keys], dtype=np.int64)
+        rc = np.full(n, -1, dtype=np.int64)  # each segment's recomputation slot (-1: none)
+        for k, (a, b) in enumerate(keys):
+            c = self._shape(a, b)
+            if c.before_op is not None and c.valid:
+                rc[k] = view.before(c.before_op)
+        offs = np.array(moff, dtype=np.int64)
+        m0, m1 = offs[first], offs[stop]
+        mid = offs[stop - 1] - m0  # maps before the segment's last layer
+        if (m1 <= m0).any():  # (no segment without maps: their profiles' min() would fail)
+            raise ValueError("a DP segment holds no saved map")
+        alloc, free, size, drop_end = self.maps[1:]
+
+        def ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Of the ranges lo[k]..hi[k]-1 concatenated: their values, each one's k, and
+            each one's place in its range."""
+            lens = hi - lo
+            starts = np.cumsum(lens) - lens
+            k = np.repeat(np.arange(len(lo), dtype=np.int64), lens)
+            local = np.arange(int(lens.sum()), dtype=np.int64) - starts[k]
+            return lo[k] + local, k, local
+
+        # the segments' own maps, each segment's range of the maps in layer order
+        mj, mk, ml = ranges(m0, m1)
+        mstart = np.cumsum(m1 - m0) - (m1 - m0)
+        lo = np.minimum.reduceat(alloc[mj], mstart)
+        hi = np.maximum.reduceat(free[mj], mstart)
+        # dropped where the segment is recomputed: not made in its last layer, and no later
+        # layer reads it
+        dropped = (rc[mk] >= 0) & (ml < mid[mk]) & (self._map_last_read()[mj] <= stop[mk] - 1)
+        dj, dk = mj[dropped], mk[dropped]
+        ev_k = np.concatenate([mk, mk, dk, dk])
+        ev_at = np.concatenate([alloc[mj], free[mj], drop_end[dj], rc[dk]])
+        ev_by = np.concatenate([size[mj], -size[mj], -size[dj], size[dj]])
+        # the slots of each segment's own layers (contiguous in by_layer) within [lo, hi),
+        # with its recomputation's slot
+        by_layer, cut = self.layer_slots
+        cuts = np.asarray(cut, dtype=np.int64)
+        sj, sk, _ = ranges(cuts[first], cuts[stop])
+        q_at = by_layer[sj].astype(np.int64)
+        keep = (q_at >= lo[sk]) & (q_at < hi[sk])
+        q_at, q_k = q_at[keep], sk[keep]
+        has = np.zeros(n, dtype=bool)
+        has[q_k[q_at == rc[q_k]]] = True
+        add = np.nonzero((rc >= 0) & ~has)[0]
+        q_at, q_k = np.concatenate([q_at, rc[add]]), np.concatenate([q_k, add])
+        order = np.lexsort((q_at, q_k))
+        q_at, q_k = q_at[order], q_k[order]
+        # per slot: the sum of its segment's events at or before it
+        big = int(max(int(ev_at.max()), int(q_at.max()))) + 1
+        ev_key = ev_k * big + ev_at
+        eorder = np.argsort(ev_key, kind="stable")
+        ev_key = ev_key[eorder]
+        cum = np.concatenate([[0], np.cumsum(ev_by[eorder])]).astype(np.int64)
+        upto = np.searchsorted(ev_key, q_k * big + q_at, side="right")
+        before = np.searchsorted(ev_key, np.arange(n, dtype=np.int64) * big, side="left")
+        prof = cum[upto] - cum[before[q_k]]
+        count = np.bincount(q_k, minlength=n).astype(np.int64)
+        start = np.cumsum(count) - count
+        q_key = q_k * big + q_at
+        rc_at = np.where(rc >= 0, np.searchsorted(q_key, np.arange(n) * big + rc) - start, -1)
+        return q_at, prof, start, count, rc_at.astype(np.int64)
 
     def _map_last_read(self) -> np.ndarray:
         """Per saved map in the layout's order (by producing layer), the last forward layer
