@@ -299,6 +299,39 @@ def test_the_native_trackers_hooks_are_charged_where_they_are_on() -> None:
     assert time["native"] < time["native-always"]
 
 
+def test_a_gated_forward_charges_no_calls_inside_module_calls_without_actions() -> None:
+    """Tracker "...-modules" (VSIM_NATIVE_FWD_GATE=modules): the forward ops of the outermost
+    module calls (runs of ops under one layer-name prefix) where the plan acts at no op are
+    not counted, and each such call pays its hooks; a run measured under it says so."""
+    from vsim.allocator import make_allocator
+    from vsim.engine import run_plan
+    from vsim.engine.hostclock import forward_gated
+    from vsim.hardware import load_hardware
+    from vsim.plan import PlanIndex
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+    from vsim.validate import measured_tracker
+
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/swin_t-b32-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("hybrid").plan(trace, hw, int(2.8 * 2**30))
+    index = PlanIndex(plan)
+    quiet, firsts = forward_gated(trace, index)
+    acted = index.acts_before | index.acts_after | set(index.recomputed_ops)
+    assert quiet and firsts and set(firsts) <= quiet
+    assert not quiet & acted  # no op the plan acts at is ever untracked
+    assert all(trace.ops[o].phase == "fwd" for o in quiet)
+    time = {t: run_plan(trace, hw, plan, make_allocator("exact"), tracker=t,
+                        first_iteration=False).report["iteration_time_us"]
+            for t in ("native-frames-gated", "native-frames-gated-modules")}
+    # swin_t is host-bound: 994 counted calls off the key outweigh 45 gated calls' hooks
+    assert time["native-frames-gated-modules"] < time["native-frames-gated"]
+    assert measured_tracker({"executed": {"tracker": "native", "native_hooks": "armed",
+                                          "native_saved": "frames", "gated": True,
+                                          "fwd_gated": 12}}) == "native-frames-gated-modules"
+
+
 def test_the_host_model_is_read_once_per_file_version(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Every engine run asks for the host model: it is parsed once (issue 14, planning time),
