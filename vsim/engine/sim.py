@@ -19,8 +19,9 @@ from simpy.core import BoundClass
 from simpy.events import PENDING
 
 
-class AllOf(simpy.Event):
-    """simpy.AllOf without its value: triggered once every one of `events` is processed."""
+class _Condition(simpy.Event):
+    """SimPy's AllOf and AnyOf without their value (a ConditionValue nobody reads): triggered
+    once `_met` says so as `events` are processed, failed with the first that fails."""
 
     def __init__(self, env: simpy.Environment, events: Sequence[simpy.Event]) -> None:
         self.env = env
@@ -37,6 +38,9 @@ class AllOf(simpy.Event):
             else:
                 event.callbacks.append(check)
 
+    def _met(self) -> bool:
+        raise NotImplementedError
+
     def _check(self, event: simpy.Event) -> None:
         if self._value is not PENDING:
             return
@@ -44,40 +48,26 @@ class AllOf(simpy.Event):
             event._defused = True  # noqa: SLF001
             self.fail(event._value)  # noqa: SLF001
             return
-        self._left -= 1
-        if self._left == 0:
+        if self._met():
             self._ok, self._value = True, None
             self.env.schedule(self)
 
 
-class AnyOf(simpy.Event):
+class AllOf(_Condition):
+    """simpy.AllOf without its value: triggered once every one of `events` is processed."""
+
+    def _met(self) -> bool:
+        self._left -= 1
+        return self._left == 0
+
+
+class AnyOf(_Condition):
     """simpy.AnyOf without its value: triggered once one of `events` is processed. (SimPy's
     also takes its check off the others' callbacks when processed; left there, it returns at
     once when they are processed, as SimPy's would between the trigger and that step.)"""
 
-    def __init__(self, env: simpy.Environment, events: Sequence[simpy.Event]) -> None:
-        self.env = env
-        self.callbacks = []
-        if not events:  # (SimPy's: succeeds at once)
-            self._ok, self._value = True, None
-            env.schedule(self)
-            return
-        check = self._check
-        for event in events:
-            if event.callbacks is None:
-                check(event)
-            else:
-                event.callbacks.append(check)
-
-    def _check(self, event: simpy.Event) -> None:
-        if self._value is not PENDING:
-            return
-        if not event._ok:  # noqa: SLF001
-            event._defused = True  # noqa: SLF001
-            self.fail(event._value)  # noqa: SLF001
-            return
-        self._ok, self._value = True, None
-        self.env.schedule(self)
+    def _met(self) -> bool:
+        return True
 
 
 class Environment(simpy.Environment):
