@@ -260,6 +260,12 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
     assert planned_tracker({"provenance": {"date": "2026-11-26"}}) == "native-always"
     assert planned_tracker({"provenance": {"plan_tracker": "native"}}) == "native"
     assert measured_tracker({"executed": {"offloads": 3}}) == "python"  # measured before it
+    # gated as configured where the run stopped out of memory before its backward
+    stopped = {"fits": False, "executed": {"tracker": "native", "native_hooks": "armed",
+                                           "native_saved": "frames", "native_gate": "nodes",
+                                           "gated": False, "gate_note": None}}
+    assert measured_tracker(stopped) == "native-frames-gated"
+    assert measured_tracker({**stopped, "fits": True}) == "native-frames"
     assert measured_tracker({"executed": None}) is None
     # stopped out of memory in the iteration that calibrates the native tracker (run under the
     # Python one): the runtime would have gone on natively, as its plan was made for

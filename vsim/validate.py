@@ -330,7 +330,11 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
         if executed.get("native_hooks") != "armed":
             return "native-always"
         name = "native-frames" if executed.get("native_saved") == "frames" else "native"
-        return name + ("-gated" if executed.get("gated") else "") + \
+        gated = executed.get("gated")
+        if not measured.get("fits", True) and executed.get("native_gate") == "nodes" \
+                and not executed.get("gate_note"):
+            gated = True  # stopped before its backward: it would have been gated
+        return name + ("-gated" if gated else "") + \
             ("-modules" if executed.get("fwd_gated") else "")
     return "python"
 
