@@ -2,8 +2,11 @@
 (`executed.executor_host_us`) and its own part, the host work that is vsim's runtime's rather
 than PyTorch calls a plan needs whatever runs it (allocations, copy launches, pinned-pool
 waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026-11-26 08:30
-UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27):
-vsim.validate's `runtime_own_us`. That leaves out the native tracker itself (its counter on every
+UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27; the frees
+of released and dropped tensors, `executor_free_us`, from 2026-11-28), with what lies outside
+the executor's host time added back (the frame call backs, `executor_frame_us`, and where a run
+timed them, the crossings of the call backs at counts): vsim.validate's `runtime_own_us`.
+That leaves out the native tracker itself (its counter on every
 counted call and the saved-tensor hooks, outside the executor's timers); the last column adds
 them as vsim.validate's `tracker_estimate_us` does for `vsim validate`'s "+trk" column: the
 counter at the run's hardware profile's `native_us_per_call` per call through its key (a gated
