@@ -189,7 +189,7 @@ def test_the_validation_table_shows_the_runtimes_own_host_share() -> None:
            "executor_iterations_timed": 10}
     medians = {**acts, "executor_own_us": 220.0, "executor_iterations_timed": 10}
     assert runtime_own_us(now) == 400.0
-    # from 2026-11-28: the frame call backs and the call backs' crossings, outside host time
+    # from 2026-11-27: the frame call backs and the call backs' crossings, outside host time
     timed = {**now, "executor_frame_us": 60.0, "executor_callback_us": 500.0,
              "executor_callback_py_us": 470.0}
     assert runtime_own_us(timed) == 400.0 + 60.0 + 30.0

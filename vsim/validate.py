@@ -268,7 +268,7 @@ def runtime_own_us(executed: dict[str, Any] | None) -> float | None:
     if not ex or "executor_replay_call_us" not in ex or not (
             ex["offloads"] or ex["releases"] or ex["drops"] or ex["recomputed_calls"]):
         return None
-    # Outside executor_host_us, added from 2026-11-28: the frame call backs (timed in C++,
+    # Outside executor_host_us, added from 2026-11-27: the frame call backs (timed in C++,
     # `executor_frame_us`; where one records a call, that part, at most executor_record_us, is
     # inside it too) and the crossings of the call backs at counts (`executor_callback_us` in
     # C++ less `executor_callback_py_us`, their body in Python; timed from then on)

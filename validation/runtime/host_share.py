@@ -3,7 +3,7 @@
 than PyTorch calls a plan needs whatever runs it (allocations, copy launches, pinned-pool
 waits, the replayed calls themselves: `executor_replay_call_us`, timed from 2026-11-26 08:30
 UTC; the native actions' event and stream calls, `executor_event_us`, from 2026-11-27; the frees
-of released and dropped tensors, `executor_free_us`, from 2026-11-28), with what lies outside
+of released and dropped tensors, `executor_free_us`, from 2026-11-27), with what lies outside
 the executor's host time added back (the frame call backs, `executor_frame_us`, and where a run
 timed them, the crossings of the call backs at counts): vsim.validate's `runtime_own_us`.
 That leaves out the native tracker itself (its counter on every

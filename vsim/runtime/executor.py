@@ -107,7 +107,7 @@ class IterationStats:
     event_us: float = 0.0
     # giving a released or dropped tensor's block back to the allocator (storage resize to 0:
     # the caching allocator's free, with an event per stream that used the block), the
-    # counterpart of alloc_us; timed from 2026-11-28
+    # counterpart of alloc_us; timed from 2026-11-27
     free_us: float = 0.0
     recompute_us: float = 0.0
     # part of recompute_us: inside the replayed aten calls themselves (their dispatch, launch
@@ -126,7 +126,7 @@ class IterationStats:
     # side is timed
     frame_us: float = 0.0
     frame_calls: int = 0
-    # the native tracker's call backs at counts (from 2026-11-28): their number, their time
+    # the native tracker's call backs at counts (from 2026-11-27): their number, their time
     # timed in C++ around each (the crossing into Python and the executor's work inside), and
     # that work timed in Python: callback_us - callback_py_us is what the crossings alone
     # cost, outside host_us and every other timer

@@ -67,7 +67,7 @@ def _choice(variable: str, choices: tuple[str, ...]) -> str:
 def native_saved() -> str:
     """Where a saved tensor the plan acts on that its counted call does not return (batch
     norm's saved statistics) is taken: from the frame of its own call ("frames", the default
-    from 2026-11-28: one call back, 13.2 us on the H100, where the hooks put a batch norm's 7
+    from 2026-11-27: one call back, 13.2 us on the H100, where the hooks put a batch norm's 7
     saves through autograd's Python hooks at 6.4 us each), or where autograd saves it
     ("hooks", VSIM_NATIVE_SAVED=hooks; validation/host/waits/ section 8)."""
     return _choice("VSIM_NATIVE_SAVED", ("frames", "hooks"))

@@ -171,16 +171,16 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "executor_copy_us": us("copy_us"),
             "executor_pool_wait_us": us("pool_wait_us"),
             "executor_event_us": us("event_us"),
-            "executor_free_us": us("free_us"),  # from 2026-11-28
+            "executor_free_us": us("free_us"),  # from 2026-11-27
             "executor_recompute_us": us("recompute_us"),
             "executor_replay_call_us": us("replay_call_us"),
             "executor_record_us": us("record_us"),
             "recorded_calls": stats.recorded_calls,
             "executor_pack_us": us("pack_us"), "packs": stats.packs,
-            # the native tracker's frame call backs, timed in C++ (keys from 2026-11-28)
+            # the native tracker's frame call backs, timed in C++ (keys from 2026-11-27)
             "executor_frame_us": us("frame_us"), "frame_calls": stats.frame_calls,
             # the call backs at counts, timed in C++ and their work in Python (keys from
-            # 2026-11-28): the difference is the crossings' cost, outside executor_host_us
+            # 2026-11-27): the difference is the crossings' cost, outside executor_host_us
             "callbacks": stats.callbacks, "executor_callback_us": us("callback_us"),
             "executor_callback_py_us": us("callback_py_us"),
             "executor_own_us": round(statistics.median(own(s) for s in runs), 1),
@@ -195,12 +195,12 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             **({"native_hooks": ex.native_hooks, "native_counter": ex.native_counter,
                 "native_saved": ex.native_saved,
                 # backward's nodes without an action run untracked (counter.cpp's Gate; keys
-                # from 2026-11-28): whether the last iteration did, and its calls through the
+                # from 2026-11-27): whether the last iteration did, and its calls through the
                 # tracker's key
                 "native_gate": ex.native_gate, "gated": ex.gated, "gate_note": ex.gate_note,
                 "calls_through_tracker": ex.calls_through,
                 # forward's module calls gated by module hooks (vsim.runtime.fwdgate, opt-in;
-                # keys from 2026-11-28): the choice, and the module calls the last iteration
+                # keys from 2026-11-27): the choice, and the module calls the last iteration
                 # gated (None: not asked for, or nothing to gate)
                 "native_fwd_gate": ex.native_fwd_gate, "fwd_gated": ex.fwd_gated}
                if stats.tracker == "native" else {}),

@@ -103,7 +103,7 @@ class CollectorClock:
 # armed (vsim.engine's trackers; plans measured before 2026-11-27T08:30 were made for
 # "native-always", and their runs' provenance has no plan_tracker); with those saves taken
 # from their frames under VSIM_NATIVE_SAVED=frames, "native-frames"; "-gated": backward's nodes
-# without an action untracked (VSIM_NATIVE_GATE=nodes). Both are the defaults from 2026-11-28
+# without an action untracked (VSIM_NATIVE_GATE=nodes). Both are the defaults from 2026-11-27
 # ("native-frames-gated")
 PLAN_TRACKER = "native"
 
