@@ -193,6 +193,9 @@ def test_the_validation_table_shows_the_runtimes_own_host_share() -> None:
     timed = {**now, "executor_frame_us": 60.0, "executor_callback_us": 500.0,
              "executor_callback_py_us": 470.0}
     assert runtime_own_us(timed) == 400.0 + 60.0 + 30.0
+    # from the executor's advance timed inside them: all of the call backs' cost but that
+    assert runtime_own_us({**timed, "executor_callback_timed_us": 350.0}) == \
+        400.0 + 60.0 + 150.0
     assert runtime_own_us(medians) == 220.0 + 300.0 - 120.0 + 30.0  # recording, bookkeeping
     assert runtime_own_us(acts) == 900.0 - 100.0 - 200.0 - 120.0 - 50.0  # parts subtracted
     assert runtime_own_us({**acts, "offloads": 0, "recomputed_calls": 0}) is None  # no plan

@@ -273,7 +273,9 @@ def runtime_own_us(executed: dict[str, Any] | None) -> float | None:
     # inside it too) and the crossings of the call backs at counts (`executor_callback_us` in
     # C++ less `executor_callback_py_us`, their body in Python; timed from then on)
     outside = float(ex.get("executor_frame_us") or 0.0)
-    if "executor_callback_us" in ex:
+    if "executor_callback_timed_us" in ex:  # all of the call backs but their timed advance
+        outside += ex["executor_callback_us"] - ex["executor_callback_timed_us"]
+    elif "executor_callback_us" in ex:  # their crossings alone
         outside += ex["executor_callback_us"] - ex["executor_callback_py_us"]
     if ex.get("executor_own_includes_replay"):
         return float(ex["executor_own_us"]) + outside

@@ -133,6 +133,10 @@ class IterationStats:
     callbacks: int = 0
     callback_us: float = 0.0
     callback_py_us: float = 0.0
+    # the part of host_us spent inside those call backs (their advance): callback_us less it
+    # is all their cost outside host_us, the crossings and the Python around advance
+    # (registering outputs, the lookups)
+    callback_timed_us: float = 0.0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))

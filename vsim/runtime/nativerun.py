@@ -437,6 +437,7 @@ class NativeRuns:
 
     def _callback(self, count: int, out: Any, post: bool) -> None:
         t0 = time.perf_counter()
+        timed = self.stats.host_us  # the executor's timed work (advance) inside this call back
         try:
             assert self._armed is not None
             tg = self._armed[1]
@@ -458,6 +459,7 @@ class NativeRuns:
             raise
         finally:
             self.stats.callback_py_us += (time.perf_counter() - t0) * 1e6
+            self.stats.callback_timed_us += self.stats.host_us - timed
 
     def _frame_callback(self, count: int, number: int, name: Any, args: Any, kwargs: Any,
                         out: Any, post: bool) -> None:

@@ -183,6 +183,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             # 2026-11-27): the difference is the crossings' cost, outside executor_host_us
             "callbacks": stats.callbacks, "executor_callback_us": us("callback_us"),
             "executor_callback_py_us": us("callback_py_us"),
+            "executor_callback_timed_us": us("callback_timed_us"),  # host_us inside them
             "executor_own_us": round(statistics.median(own(s) for s in runs), 1),
             "executor_own_includes_replay": True,  # runs before 2026-11-27 03:30 UTC left out
             # the recording and the whole replay (validation/runtime/host_share.py)
