@@ -78,30 +78,28 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
     variation needs; the notes say so). A note says when some draw of the result ran out."""
     from . import run_plan
 
-    times: list[float] = []  # the last draws' timed iteration times, of those that fit
+    def fitting(plan: Plan) -> list[SimResult] | None:
+        """The draws of `plan` that fit (None: no draws for this hardware or allocator)."""
+        runs = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
+        return None if runs is None else [d for d in runs if d.report["fits"]]
 
-    def fits_drawn(plan: Plan) -> int | None:
-        drawn = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
-        if drawn is None:
-            return None
-        times[:] = [d.report["timed_iteration_time_us"] for d in drawn if d.report["fits"]]
-        return sum(bool(d.report["fits"]) for d in drawn)
-
-    def drawn(res: SimResult, fit: int, **more: Any) -> SimResult:
-        res.report["timing_draws"] = {"draws": draws, "fit": fit, **more,
-                                      "times_us": [round(t, 1) for t in times]}
-        if fit < draws:
+    def drawn(res: SimResult, fit: list[SimResult], **more: Any) -> SimResult:
+        n = len(fit)
+        res.report["timing_draws"] = {
+            "draws": draws, "fit": n, **more,
+            "times_us": [round(d.report["timed_iteration_time_us"], 1) for d in fit]}
+        if n < draws:
             res.report["notes"].append(
-                f"fits the recorded timing, but {fit} of {draws} runs under draws of the timing "
+                f"fits the recorded timing, but {n} of {draws} runs under draws of the timing "
                 f"variation measured between real iterations do "
-                f"({'likely' if 2 * fit > draws else 'unlikely'} to fit a real run: near the "
+                f"({'likely' if 2 * n > draws else 'unlikely'} to fit a real run: near the "
                 f"capacity, which blocks the allocator reuses follows the timing)")
         return res
 
-    fit = fits_drawn(result.plan)
+    fit = fitting(result.plan)
     if fit is None:
         return result
-    if 2 * fit > draws:
+    if 2 * len(fit) > draws:
         return drawn(result, fit)
     for step in range(1, MARGIN_STEPS + 1):
         budget = int(capacity * (1 - MARGIN_STEP * step))
@@ -109,12 +107,12 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
         again = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
         if not again.report["fits"]:
             continue
-        got = fits_drawn(plan)
-        if got is not None and 2 * got > draws:
+        got = fitting(plan)
+        if got is not None and 2 * len(got) > draws:
             again.report["notes"].append(
                 f"planned for {format_size(budget)}, {MARGIN_STEP * step:.0%} below the "
-                f"capacity: the plan for the capacity fit the recorded timing but only {fit} "
-                f"of {draws} runs under draws of the timing variation measured between real "
-                f"iterations did; {got} of {draws} of this one do")
+                f"capacity: the plan for the capacity fit the recorded timing but only "
+                f"{len(fit)} of {draws} runs under draws of the timing variation measured "
+                f"between real iterations did; {len(got)} of {draws} of this one do")
             return drawn(again, got, margin=round(MARGIN_STEP * step, 2))
     return drawn(result, fit)
