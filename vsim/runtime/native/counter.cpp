@@ -163,14 +163,23 @@ void in_python(F&& call) {
 // alone cost, outside every other timer
 int64_t cb_n = 0, cb_ns = 0;
 
+// A call back counted in `n` and its nanoseconds added to `ns`, where it raises too.
+struct Timed {
+  int64_t& n;
+  int64_t& ns;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~Timed() {
+    ++n;
+    ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
   auto it = S.expect.find(c);
   if (it != S.expect.end()) expect_name(op, it->second, "call " + std::to_string(c));
-  const auto t0 = std::chrono::steady_clock::now();
+  Timed timed{cb_n, cb_ns};
   in_python([&] { S.callback(c, post ? outputs_of(op, stack) : py::none(), post); });
-  ++cb_n;
-  cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now() - t0).count();
 }
 
 // Calls made while a counted call runs on the same thread (inside a composite, a kernel or
@@ -236,15 +245,7 @@ int64_t frame_cb_n = 0, frame_cb_ns = 0;
 
 void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
                      const std::vector<c10::IValue>* args, torch::jit::Stack* stack) {
-  const auto t0 = std::chrono::steady_clock::now();
-  struct Timed {
-    std::chrono::steady_clock::time_point t0;
-    ~Timed() {
-      ++frame_cb_n;
-      frame_cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - t0).count();
-    }
-  } timed{t0};
+  Timed timed{frame_cb_n, frame_cb_ns};
   in_python([&] {
     if (args == nullptr) {
       S.frame_callback(c, j, py::none(), py::none(), py::none(), py::none(), false);
@@ -261,13 +262,10 @@ void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
 // After a frame flagged OUTS: its outputs alone, name and arguments None.
 void outputs_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
                        torch::jit::Stack* stack) {
-  const auto t0 = std::chrono::steady_clock::now();
+  Timed timed{frame_cb_n, frame_cb_ns};
   in_python([&] {
     S.frame_callback(c, j, py::none(), py::none(), py::none(), outputs_of(op, stack), true);
   });
-  ++frame_cb_n;
-  frame_cb_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::steady_clock::now() - t0).count();
 }
 
 struct Running {
