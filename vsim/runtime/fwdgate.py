@@ -3,7 +3,7 @@
 The native tracker counts every outermost aten call of the step (counter.cpp). Backward's nodes
 with no call the plan acts at already run without it (counter.cpp's Gate); this does the same
 for forward's module calls: the calibrating iteration notes each module call's first count and
-the count after it (`ModuleCalls`, global module hooks), the outermost calls in which the
+the count after it (`module_calls`, global module hooks), the outermost calls in which the
 executor acts at no count are chosen (`choose`), and in armed iterations a forward pre-hook
 and a forward hook on those modules (`ForwardGate`) exclude the tracker's key over the call
 and set the count to calibration's after it (counter.cpp's gate_forward / ungate_forward).
@@ -18,6 +18,7 @@ act in nearly every module and 4-5% for the transformers' sparse plans (docs/des
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -64,7 +65,6 @@ def choose(calls: list[Call], acted: set[int]
     gated call: its weak reference and, per call in order, (first count, count after) where
     gated, else None."""
     marks = sorted(acted)
-    from bisect import bisect_left
 
     def clear(a: int, b: int) -> bool:
         i = bisect_left(marks, a)
