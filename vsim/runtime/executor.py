@@ -570,10 +570,14 @@ class Executor(Recomputation, NativeRuns):
             return
         st = self._storage(t)
         if st is not None:
-            t0 = time.perf_counter()
-            st.resize_(0)
-            self.stats.free_us += (time.perf_counter() - t0) * 1e6
+            self._give_back(st)
         self.state[t] = "host"
+
+    def _give_back(self, st: Any) -> None:
+        """A storage's block back to the allocator (resized to 0), timed as `free_us`."""
+        t0 = time.perf_counter()
+        st.resize_(0)
+        self.stats.free_us += (time.perf_counter() - t0) * 1e6
 
     def _prefetch(self, t: int) -> None:
         state = self.state.get(t)
@@ -673,9 +677,7 @@ class Executor(Recomputation, NativeRuns):
         st = self._storage(t)
         if st is None:
             return
-        t0 = time.perf_counter()
-        st.resize_(0)
-        self.stats.free_us += (time.perf_counter() - t0) * 1e6
+        self._give_back(st)
         self.state[t] = how
         if how == "dropped":
             self.stats.drops += 1
