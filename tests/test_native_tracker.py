@@ -172,6 +172,57 @@ def test_native_actions_move_the_same_bytes_as_the_python_ones(cnn, monkeypatch,
         assert got["executed"][k] == ref["executed"][k], k
 
 
+@pytest.mark.parametrize("policy", ["vdnn:mode=all", "vdnnpp", "layrub", "superneurons",
+                                    "hybrid", "recompute:strategy=sqrt"])
+def test_the_plan_run_by_the_core_acts_as_the_python_methods(cnn, monkeypatch,
+                                                             policy: str) -> None:
+    """The plan carried out in C++ (native/core.cpp: the op boundaries, the tensors' state,
+    the pinned pool, the outputs registered at the counter's counts) against the Python
+    methods it follows (VSIM_NATIVE_CORE=0), under a cap that binds: the same actions, bytes
+    and skips, gradients bitwise equal to the run without a plan either way, and the
+    counter's call backs made without entering Python."""
+    from vsim.runtime.executor import Executor
+
+    trace, s = cnn
+    cap = _cap(trace)
+    _pol, plan = s._plan(policy, cap)
+    assert Executor(plan, s.opmap, trace, s.device, s.flat_inputs).core is not None
+    got = s.run(policy, cap, iters=2, warmup=1)
+    monkeypatch.setenv("VSIM_NATIVE_CORE", "0")
+    assert Executor(plan, s.opmap, trace, s.device, s.flat_inputs).core is None
+    ref = s.run(policy, cap, iters=2, warmup=1)
+    _native(got, ref)
+    assert got["fits"] and ref["fits"]
+    assert got["check"]["bitwise_equal"] and ref["check"]["bitwise_equal"]
+    assert (got["d2h_bytes"], got["h2d_bytes"]) == (ref["d2h_bytes"], ref["h2d_bytes"])
+    g, r = got["executed"], ref["executed"]
+    for k in ("offloads", "prefetches", "drops", "releases", "syncs", "recomputed_calls",
+              "skipped", "callbacks"):
+        assert g[k] == r[k], k
+    assert g["offloads"] + g["drops"] + g["releases"] > 0
+    if g["callbacks"]:
+        assert g["executor_callback_py_us"] == 0 < r["executor_callback_py_us"]
+    assert g["executor_host_us"] > 0
+
+
+def test_an_executor_with_a_core_is_freed_with_its_last_reference(cnn) -> None:
+    """The core holds the executor's hook weakly: no cycle through C++ keeps the executor
+    (and its host buffers) alive."""
+    import gc
+    import weakref
+
+    from vsim.runtime.executor import Executor
+
+    trace, s = cnn
+    _pol, plan = s._plan("superneurons", None)
+    ex = Executor(plan, s.opmap, trace, s.device, s.flat_inputs)
+    assert ex.core is not None
+    ref = weakref.ref(ex)
+    del ex
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize("policy", ["superneurons", "recompute:strategy=sqrt"])
 def test_replayed_views_made_natively_give_the_same_gradients(cnn, monkeypatch,
                                                               policy: str) -> None:

@@ -40,11 +40,16 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   `squeeze_missed`). The cached engines outlive the executor: a later case in the same
   process with the same shapes gets them too, so measure.py runs such a case alone.
   Other Retimes (durations only) are not executed.
-Offload, prefetch and the waits for their events are one C++ call each where the native
-extension is built (vsim/runtime/native/actions.cpp; `VSIM_NATIVE_ACTIONS=0`: the Python calls
-below, which do the same). So is each recomputation from the second native iteration on: the
-first one's Python replay compiles to a program that replay.cpp runs (recompute.py's
-`_ProgramLog`; `VSIM_NATIVE_REPLAY=0`: the Python replay every iteration).
+Where the native extension is built, the whole plan but recomputation and squeezes runs in C++
+(vsim/runtime/native/core.cpp, the executor's `core`): the op-boundary loop, every offload,
+prefetch, wait, drop, release and sync, the tensors' state, the pinned pool, and -- under the
+native tracker -- registering the outputs the plan acts on, without a call into Python; the
+core calls `_core_hook` for what stays in Python. `VSIM_NATIVE_CORE=0` keeps the Python methods
+below, which are its reference (tests hold the two to the same actions and gradients), with
+offload, prefetch and the waits one C++ call each (actions.cpp; `VSIM_NATIVE_ACTIONS=0`: all in
+Python). Each recomputation from the second native iteration on runs in C++ too: the first
+one's Python replay compiles to a program that replay.cpp runs (recompute.py's `_ProgramLog`;
+`VSIM_NATIVE_REPLAY=0`: the Python replay every iteration).
 On the CPU (tests) copies are synchronous and there are no streams or events.
 
 In parts: the dispatch mode in tracker.py, recording and recomputation in recompute.py (a mixin
@@ -53,6 +58,7 @@ of Executor), the pinned pool in hostmem.py; here the plan's index and the actio
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import defaultdict
@@ -215,6 +221,7 @@ class Executor(Recomputation, NativeRuns):
         # offload, prefetch and waits as one C++ call each where the native extension is built
         # (vsim.runtime.native; VSIM_NATIVE_ACTIONS=0 keeps them in Python)
         self.act: Any = native_actions()
+        self.core: Any = self._make_core(index)
         self.paused = False
         self.native_iterations = 0  # iterations that ran to the end under the native tracker
         self.iterations = 0
@@ -229,11 +236,102 @@ class Executor(Recomputation, NativeRuns):
                           | set(self.release_after) | set(self.sync_after) | self.squeeze_ops))
         self._begin()
 
+    def _make_core(self, index: PlanIndex) -> Any:
+        """The plan in C++ (native/core.cpp), or None where the extension is not built or
+        `VSIM_NATIVE_CORE=0`. Actions are added in the order the Python methods take them."""
+        if self.act is None or not hasattr(self.act, "Core") or \
+                os.environ.get("VSIM_NATIVE_CORE", "1") == "0":
+            return None
+        ref = weakref.ref(self)  # the core holds the hook: no cycle through C++
+
+        def hook(op: int, phase: int) -> None:
+            ex = ref()
+            if ex is not None:
+                ex._core_hook(op, phase)
+
+        n_tensors = max((t.id for t in self.trace.tensors), default=-1) + 1
+        core = self.act.Core(n_tensors, self.n_ops, self.gpu, self.plan.pinned, hook)
+        for op, pres in index.prefetch_at.items():
+            for pre in pres:
+                core.add(op, "prefetch", pre.tensor, -1)
+        for op, ts in index.needs.items():
+            for t in ts:
+                core.add(op, "needs", t, -1)
+        for op in index.recompute_before:
+            core.add(op, "recompute", -1, -1)
+        for where, offs in (("offload_at", index.offload_at),
+                            ("offload_after", index.offload_after)):
+            for op, offs_at in offs.items():
+                for off in offs_at:
+                    rel = off.release_after if off.release_after is not None else off.at_op
+                    core.add(op, where, off.tensor, rel)
+        for op in self.squeeze_ops:
+            core.add(op, "squeeze", -1, -1)
+        for what, by_op in (("drop", index.drop_after), ("release", index.release_after)):
+            for op, ts in by_op.items():
+                for t in ts:
+                    core.add(op, what, t, -1)
+        for op in index.sync_after:
+            core.add(op, "sync", -1, -1)
+        for t in self.input_of:
+            core.set_input(t)
+        for t in self.unlocated:
+            core.set_unlocated(t)
+        if self.pool is not None:
+            core.set_pool(self.pool.buffer)
+        return core
+
+    def _core_hook(self, op: int, phase: int) -> None:
+        """What the core leaves to Python at op `op` (core.cpp's Phase): its recomputations
+        (1), its squeeze once its start's actions are done (2), the squeeze's end (4)."""
+        try:
+            if phase == 1:
+                for rc in self.recompute_before.get(op, ()):
+                    t0 = time.perf_counter()
+                    self._recompute(rc)
+                    self.stats.recompute_us += (time.perf_counter() - t0) * 1e6
+            elif phase == 2:
+                if self.iterations == 0 and self.gpu:
+                    self._squeeze(op)
+            elif self.squeezing is not None and self.squeezing[0] == op:
+                self._unsqueeze()
+        except BaseException as exc:
+            if self.tracker_used == "native":
+                self._native_exc = exc  # raised again where the step returns (nativerun)
+            raise
+
+    def _merge_core(self) -> None:
+        """The core's counters and timers of the iteration into `stats`."""
+        got = self.core.stats()
+        s = self.stats
+        for k in ("offloads", "prefetches", "drops", "releases", "syncs", "d2h_bytes",
+                  "h2d_bytes"):
+            setattr(s, k, getattr(s, k) + got[k])
+        s.host_peak_bytes = max(s.host_peak_bytes, got["host_peak_bytes"])
+        for k in ("host", "alloc", "copy", "event", "free", "pool_wait", "callback_timed"):
+            setattr(s, f"{k}_us", getattr(s, f"{k}_us") + got[f"{k}_ns"] / 1e3)
+        for why, n in got["skipped"].items():
+            s.skipped[why] += n
+        self.host_allocated = self.core.host_allocated
+        self.pool_overflow = self.core.pool_overflow
+
+    @property
+    def cur(self) -> int:
+        """The op the iteration is at (its start's actions carried out)."""
+        return int(self.core.cur) if self.core is not None else self._cur
+
+    @cur.setter
+    def cur(self, op: int) -> None:
+        if self.core is not None:
+            self.core.cur = op
+        else:
+            self._cur = op
+
     # ------------------------------------------------------------ iteration
 
     def _begin(self) -> None:
         self.calls = 0
-        self.cur = -1
+        self._cur = -1
         # the step's stream, looked up once: torch.cuda.current_stream() costs ~10 us of host
         # time a call (device-index checks), and actions used it seven times per tensor
         self.cs: Any = torch.cuda.current_stream(self.device) if self.gpu else None
@@ -259,8 +357,14 @@ class Executor(Recomputation, NativeRuns):
         self.stats = IterationStats()
         if self.pool is not None:
             self.pool.reset()
+        core = self.core
+        if core is not None:
+            core.begin(self.cs, self.d2h, self.h2d)
         for t, i in self.input_of.items():
             st = self.inputs[i].untyped_storage()
+            if core is not None:
+                core.register(t, st)
+                continue
             self.storage[t] = weakref.ref(st)
             self.nbytes[t] = st.nbytes()
             self.state[t] = "device"
@@ -287,6 +391,9 @@ class Executor(Recomputation, NativeRuns):
         except BaseException:
             self.abort()
             raise
+        finally:
+            if self.core is not None:
+                self._merge_core()
         self.iterations += 1
         self.native_iterations += self.stats.tracker == "native"
         return self.stats
@@ -314,6 +421,8 @@ class Executor(Recomputation, NativeRuns):
         except torch.OutOfMemoryError:
             self.inputs_pending = True
         finally:
+            if self.core is not None:
+                self.core.forget(self.inputs_pending)
             self.storage = ({t: r for t, r in self.storage.items() if t in self.input_of}
                             if self.inputs_pending else {})
             self.recording = {}
@@ -326,8 +435,18 @@ class Executor(Recomputation, NativeRuns):
             self._restore_inputs()
             self.inputs_pending = False
             self.storage = {}
+            if self.core is not None:
+                self.core.forget(False)
 
     def _restore_inputs(self) -> None:
+        if self.core is not None:
+            try:
+                self.core.restore_inputs()
+            except RuntimeError as exc:
+                if str(exc).startswith("vsim executor:"):
+                    raise ExecutorError(str(exc)[len("vsim executor: "):]) from None
+                raise
+            return
         for t in self.input_of:
             st = self._storage(t)
             if st is None or st.nbytes() == self.nbytes[t]:
@@ -399,6 +518,9 @@ class Executor(Recomputation, NativeRuns):
     def advance(self, op: int) -> None:
         """Every op before `op` has been launched: end them, start the ones in between (ops
         without aten calls of their own) and `op`."""
+        if self.core is not None:
+            self.core.advance(op)  # timed there (stats.host_us when the iteration ends)
+            return
         t0 = time.perf_counter()
         starts, ends = self._start_ops, self._end_ops  # ops without actions are passed over
         cur = self.cur
@@ -485,6 +607,10 @@ class Executor(Recomputation, NativeRuns):
 
     def register(self, watch: list[tuple[int, int]], out: Any) -> None:
         leaves = _leaves(out)
+        if self.core is not None:
+            for j, t in watch:
+                self.core.register(t, leaves[j].untyped_storage())
+            return
         for j, t in watch:
             x = leaves[j]
             st = x.untyped_storage()
@@ -493,11 +619,28 @@ class Executor(Recomputation, NativeRuns):
             self.state[t] = "device"
 
     def _storage(self, t: int) -> Any:
+        if self.core is not None:
+            return self.core.storage(t)  # None counted as "tensor not found" there
         ref = self.storage.get(t)
         st = ref() if ref is not None else None
         if st is None:
             self.stats.skipped["tensor not found"] += 1
         return st
+
+    def _state_of(self, t: int) -> str | None:
+        """Tensor t's state ("device", "offloading", "host", "dropped", "released")."""
+        return self.core.state(t) if self.core is not None else self.state.get(t)
+
+    def _set_device(self, t: int) -> None:
+        """Tensor t is on the device again (a recomputation rebuilt it)."""
+        if self.core is not None:
+            self.core.set_device(t)
+        else:
+            self.state[t] = "device"
+
+    def _nbytes_of(self, t: int) -> int:
+        """Tensor t's storage size when it was registered."""
+        return int(self.core.nbytes(t)) if self.core is not None else self.nbytes[t]
 
     def _view(self, st: Any) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)

@@ -112,6 +112,7 @@ class NativeRuns:
     storage: dict[int, Any]
     recorded_ops: set[int]
     constant_calls: frozenset[int]
+    core: Any  # the executor's plan in C++ (native/core.cpp), or None
 
     def _init_tracking(self, tracker: str, plan_start_ops: set[int],
                        plan_end_ops: set[int]) -> None:
@@ -162,6 +163,7 @@ class NativeRuns:
         self.native_fwd_gate = native_fwd_gate()
         self._fwd_gate: fwdgate.ForwardGate | None = None  # the hooks of _fwd_gate_tg's choice
         self._fwd_gate_tg: Any = None
+        self._core_tg: Any = None  # the Targets the executor's core was armed with
         self.fwd_gated: int | None = None  # forward module calls the last iteration gated
         if tracker == "python":
             return
@@ -285,7 +287,7 @@ class NativeRuns:
     def note_registered(self, watch: list[tuple[int, int]]) -> None:
         """Calibrating: where the Python tracker found the trace tensors of a call."""
         for _, t in watch:
-            st = self.storage[t]()
+            st = self._storage(t)
             if st is not None:
                 self._cal_registered[t] = st.data_ptr()
 
@@ -323,6 +325,18 @@ class NativeRuns:
             if tg.gate is not None:
                 nat.arm_gate(tg.gate, cal.after_backward)
         gate = self._forward_gate(tg)
+        if self.core is not None:  # outputs registered and ops advanced in C++ (core.cpp)
+            if self._core_tg is not tg:
+                call_op = self.map.call_op
+                self.core.arm_counts({c: list(p) for c, p in tg.post.items()},
+                                     {c: call_op[k] for c, k in tg.after.items() if k >= 0},
+                                     {c: call_op[k] for c, k in tg.pre.items()})
+                # a watched frame that is no call the executor records or keeps constants of
+                # needs no Python either
+                self.core.arm_frames({key: list(p) for key, p in tg.frame_watch.items()},
+                                     set(tg.frame_call))
+                self._core_tg = tg
+            nat.arm_core(self.core)
         nat.begin()
         if gate is not None:
             gate.begin()
@@ -347,6 +361,7 @@ class NativeRuns:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
             raise
         finally:
+            nat.arm_core(None)
             if gate is not None:
                 gate.end()
             self.fwd_gated = gate.gated if gate is not None else None
@@ -524,6 +539,8 @@ class NativeRuns:
         def _framed(self, calls: int, us: float) -> None: ...
 
         def advance(self, op: int) -> None: ...
+
+        def _storage(self, t: int) -> Any: ...
 
         def rng_state(self) -> Any: ...
 

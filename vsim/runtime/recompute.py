@@ -269,8 +269,6 @@ class Recomputation:
     gpu: bool
     strict: bool
     stats: IterationStats
-    state: dict[int, str]
-    nbytes: dict[int, int]
     recording: dict[int, list[RecordedCall]]
     keys: weakref.WeakKeyDictionary[Any, int]
     key_storage: dict[int, Any]
@@ -278,6 +276,9 @@ class Recomputation:
     writes: dict[int, list[int]]
     mutations: dict[int, list[RecordedCall]]
     _storage: Callable[[int], Any]
+    _state_of: Callable[[int], str | None]  # the tensors' state, the executor's or its core's
+    _set_device: Callable[[int], None]
+    _nbytes_of: Callable[[int], int]
     constants: dict[int, torch.Tensor]
     scratch: dict[tuple[Any, ...], torch.Tensor]
     constant_calls: frozenset[int]
@@ -552,7 +553,7 @@ class Recomputation:
                     log.outs.append((j, OUT_TARGET, tindex[key]))
                     log.origin[key] = (step, j)
                 if tst.nbytes() == 0:
-                    n = self.nbytes[t]
+                    n = self._nbytes_of(t)
                     swap = _swapper() if ost.nbytes() == n else None
                     if swap is not None:
                         swap(tst, ost)
@@ -564,7 +565,7 @@ class Recomputation:
                         view = torch.empty(0, dtype=o.dtype, device=o.device).set_(
                             tst, o.storage_offset(), o.shape, o.stride())
                         view.copy_(o)
-                    self.state[t] = "device"
+                    self._set_device(t)
                 env[key], at[key] = tst, k
                 made_by.pop(key, None)
             if log is not None:
@@ -575,7 +576,7 @@ class Recomputation:
         """(storage, trace tensor) of the tensors `rc` rebuilds that are dropped now."""
         got = []
         for t in rc.tensors:
-            st = self._storage(t) if self.state.get(t) == "dropped" else None
+            st = self._storage(t) if self._state_of(t) == "dropped" else None
             if st is not None:
                 got.append((st, t))
         return got
@@ -590,13 +591,13 @@ class Recomputation:
                                 f"{list(now.values())}, the compiled replay's {targets}")
         try:
             rebuilt, calls, ns = self._native.replay(
-                program, [(self._storage(t), self.nbytes[t]) for t in targets])
+                program, [(self._storage(t), self._nbytes_of(t)) for t in targets])
         except RuntimeError as exc:
             if str(exc).startswith("vsim replay:"):
                 raise ExecutorError(str(exc)) from None
             raise
         for i in rebuilt:
-            self.state[targets[i]] = "device"
+            self._set_device(targets[i])
         self.stats.recomputed_calls += calls
         self.stats.inplace_rerun += extra
         self.stats.replay_call_us += ns / 1e3

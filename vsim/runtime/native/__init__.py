@@ -43,10 +43,12 @@ from pathlib import Path
 from typing import Any
 
 # counter.cpp: the tracker and the saved-tensor hooks; actions.cpp: the executor's offload and
-# prefetch as one call each; views.cpp: the replay's views of recorded arguments; replay.cpp:
-# the compiled replay of recomputations
+# prefetch as one call each; core.cpp: the executor's whole plan but recomputation (actions.h:
+# their shared helpers); views.cpp: the replay's views of recorded arguments; replay.cpp: the
+# compiled replay of recomputations
 SOURCES = tuple(Path(__file__).with_name(f)
-                for f in ("counter.cpp", "actions.cpp", "views.cpp", "replay.cpp"))
+                for f in ("counter.cpp", "actions.cpp", "core.cpp", "views.cpp", "replay.cpp"))
+HEADERS = (Path(__file__).with_name("actions.h"),)
 # the newest parts, left out (with their -D flags) where the whole does not build
 _OPTIONAL = {"views.cpp": "-DVSIM_NO_VIEWS", "replay.cpp": "-DVSIM_NO_REPLAY"}
 
@@ -89,7 +91,7 @@ def _build() -> Any:
     except Exception as exc:  # noqa: BLE001  (a torch without the extension tools)
         _ERROR = _BUILD_ERROR = _why(exc)
         return None
-    text = b"".join(p.read_bytes() for p in SOURCES)
+    text = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     tag = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
     try:
         _MODULE = build(name=f"vsim_native_tracker_{tag}", sources=[str(p) for p in SOURCES],

@@ -40,6 +40,13 @@ void capture(int64_t key, const c10::OperatorHandle& op, const std::vector<c10::
 }  // namespace vsim_replay
 #endif
 
+namespace vsim_core {  // core.cpp: the executor's plan in C++, where an executor armed one
+bool is_armed();
+void at_count(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post);
+void saved(int64_t t, const at::Tensor& x);
+bool frame_outputs(int64_t key, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+}  // namespace vsim_core
+
 // Swaps two storages' memory (data pointer and size); also the compiled replay's (replay.cpp).
 void vsim_swap_storages(c10::StorageImpl* x, c10::StorageImpl* y) {
   const size_t nx = x->nbytes(), ny = y->nbytes();
@@ -175,10 +182,39 @@ struct Timed {
   }
 };
 
+// Runs `call` (the executor's core, core.cpp) as the executor's own: uncounted, the key
+// excluded for what it dispatches. The core enters Python itself where a hook of the plan's
+// runs there; a Python exception there stops the dispatch as in in_python.
+template <typename F>
+void in_core(F&& call) {
+  bool was = S.paused;
+  S.paused = true;
+  try {
+    c10::impl::ExcludeDispatchKeyGuard own(KEY);
+    call();
+  } catch (py::error_already_set& e) {
+    S.paused = was;
+    std::string what;
+    {
+      py::gil_scoped_acquire gil;
+      what = e.what();
+    }
+    throw std::runtime_error("vsim native tracker: callback raised: " + what);
+  } catch (...) {
+    S.paused = was;
+    throw;
+  }
+  S.paused = was;
+}
+
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {
   auto it = S.expect.find(c);
   if (it != S.expect.end()) expect_name(op, it->second, "call " + std::to_string(c));
   Timed timed{cb_n, cb_ns};
+  if (vsim_core::is_armed()) {  // outputs registered and ops advanced in C++
+    in_core([&] { vsim_core::at_count(c, op, stack, post); });
+    return;
+  }
   in_python([&] { S.callback(c, post ? outputs_of(op, stack) : py::none(), post); });
 }
 
@@ -263,6 +299,11 @@ void frame_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
 void outputs_call_back(int64_t c, int64_t j, const c10::OperatorHandle& op,
                        torch::jit::Stack* stack) {
   Timed timed{frame_cb_n, frame_cb_ns};
+  if (vsim_core::is_armed()) {  // its watched outputs registered in C++, where that is all
+    bool done = false;
+    in_core([&] { done = vsim_core::frame_outputs(frame_key(c, j), op, stack); });
+    if (done) return;
+  }
   in_python([&] {
     S.frame_callback(c, j, py::none(), py::none(), py::none(), outputs_of(op, stack), true);
   });
@@ -395,7 +436,10 @@ at::Tensor do_pack(const at::Tensor& t) {
     c10::impl::ExcludeDispatchKeyGuard own(KEY);
     if (!P.flagged.empty()) {
       auto it = P.flagged.find(i);
-      if (it != P.flagged.end()) P.callback(it->second, t);
+      if (it != P.flagged.end()) {
+        if (vsim_core::is_armed()) vsim_core::saved(it->second, t);
+        else P.callback(it->second, t);
+      }
     }
     out = t.detach();
   } catch (...) {
@@ -779,6 +823,7 @@ void do_swap_storages(py::handle a, py::handle b) {
 }  // namespace
 
 void init_actions(py::module& m);  // actions.cpp
+void init_core(py::module& m);     // core.cpp
 #ifndef VSIM_NO_VIEWS
 void init_views(py::module& m);    // views.cpp
 #endif
@@ -902,6 +947,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("disarm_packs", &do_disarm_packs, "(saves, ns in pack) since arm_packs");
   m.def("swap_storages", &do_swap_storages, "swap two storages' memory (data pointer, size)");
   init_actions(m);
+  init_core(m);
 #ifndef VSIM_NO_VIEWS
   init_views(m);
 #endif
