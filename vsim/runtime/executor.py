@@ -305,10 +305,11 @@ class Executor(Recomputation, NativeRuns):
         got = self.core.stats()
         s = self.stats
         for k in ("offloads", "prefetches", "drops", "releases", "syncs", "d2h_bytes",
-                  "h2d_bytes"):
+                  "h2d_bytes", "recomputed_calls", "inplace_rerun"):
             setattr(s, k, getattr(s, k) + got[k])
         s.host_peak_bytes = max(s.host_peak_bytes, got["host_peak_bytes"])
-        for k in ("host", "alloc", "copy", "event", "free", "pool_wait", "callback_timed"):
+        for k in ("host", "alloc", "copy", "event", "free", "pool_wait", "callback_timed",
+                  "recompute", "replay_call"):
             setattr(s, f"{k}_us", getattr(s, f"{k}_us") + got[f"{k}_ns"] / 1e3)
         for why, n in got["skipped"].items():
             s.skipped[why] += n

@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from . import fwdgate
 from . import native as nativemod
 from .opmap import OpSequenceError
+from .recompute import ExecutorError, describe
 from .tracker import Tracker
 
 if TYPE_CHECKING:
@@ -84,6 +85,17 @@ def native_gate() -> str:
     """Whether backward's nodes with no call the plan acts at run without the tracker ("nodes",
     counter.cpp's Gate) or every call is counted ("off"; VSIM_NATIVE_GATE)."""
     return _choice("VSIM_NATIVE_GATE", ("nodes", "off"))
+
+
+def _executor_error(message: str) -> str | None:
+    """The executor's or its replay's own error in a RuntimeError's message (raised in C++,
+    through the dispatcher), or None."""
+    for head in ("vsim executor: ", "vsim replay: "):
+        i = message.find(head)
+        if i >= 0:
+            return message[i + len(head):].splitlines()[0] if head == "vsim executor: " \
+                else message[i:].splitlines()[0]
+    return None
 
 
 class NativeDivergence(OpSequenceError):
@@ -298,7 +310,11 @@ class NativeRuns:
         self._native_exc = None
         if self._programs is not None and self._programs_tg is not tg:
             self._programs = None  # other determinism flags: other frames
+            if self.core is not None:
+                self.core.clear_programs()
         compiled = self._compiled_iteration = bool(self._programs)
+        if self.core is not None:  # the compiled replays run by the core, without Python
+            self.core.use_programs(compiled)
         if self._programs is None and self._can_compile():
             self._logs = {}
             self._frame_of_call = {k: key for key, k in tg.frame_call.items()}
@@ -331,10 +347,12 @@ class NativeRuns:
                 self.core.arm_counts({c: list(p) for c, p in tg.post.items()},
                                      {c: call_op[k] for c, k in tg.after.items() if k >= 0},
                                      {c: call_op[k] for c, k in tg.pre.items()})
-                # a watched frame that is no call the executor records or keeps constants of
-                # needs no Python either
+                # a frame called back with its outputs alone needs Python only where they are
+                # constants to keep (recompute.py's on_call; a frame it records is called back
+                # with its arguments, or captured in C++ once compiled)
                 self.core.arm_frames({key: list(p) for key, p in tg.frame_watch.items()},
-                                     set(tg.frame_call))
+                                     {key for key, k in tg.frame_call.items()
+                                      if k in self.constant_calls})
                 self._core_tg = tg
             nat.arm_core(self.core)
         nat.begin()
@@ -356,6 +374,9 @@ class NativeRuns:
             if nat.diverged():
                 raise self._diverged(f"the run diverged from its calibration: "
                                      f"{nat.diverged()}") from None
+            why = _executor_error(str(exc))
+            if why is not None:  # the core's compiled replay (native/core.cpp) could not run
+                raise ExecutorError(why) from None
             raise exc
         except BaseException:
             self.cur = max(self.cur, cal.op_at(nat.count() - 1))
@@ -426,6 +447,11 @@ class NativeRuns:
         nat = self._native
         self._programs = {id(rc): (nat.program(logs[id(rc)].steps), logs[id(rc)].targets,
                                    logs[id(rc)].extra) for rc in rcs}
+        if self.core is not None and hasattr(self.core, "set_programs"):
+            for op, at_op in self.recompute_before.items():
+                self.core.set_programs(op, [(*self._programs[id(rc)][:1], list(rc.tensors),
+                                             *self._programs[id(rc)][1:], describe(rc))
+                                            for rc in at_op])
         self._programs_tg = tg
         captured = {st[0]: st[1] for lg in logs.values() for st in lg.steps}
         flags: dict[int, int] = {}

@@ -128,6 +128,11 @@ class _Describe:
         return f"ops {rc.ops} before op {rc.before_op} (tensors {rc.tensors})"
 
 
+def describe(rc: Any) -> str:
+    """A Recompute as errors name it."""
+    return str(_Describe(rc))
+
+
 class _Gone(Exception):
     """A recorded argument's storage is gone or empty."""
 

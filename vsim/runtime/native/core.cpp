@@ -34,6 +34,16 @@
 #include <utility>
 #include <vector>
 
+#ifndef VSIM_NO_REPLAY
+namespace vsim_replay {  // replay.cpp: the compiled replay of recomputations
+struct Program;
+const Program* program_of(py::handle h);
+std::vector<int> run(const Program& p,
+                     const std::vector<std::pair<c10::StorageImpl*, int64_t>>& tg,
+                     int64_t& calls, int64_t& ns);
+}  // namespace vsim_replay
+#endif
+
 namespace vsim_core {
 
 using namespace vsim_actions;
@@ -69,8 +79,21 @@ struct OpActions {
   uint8_t py = 0;  // Phase bits
 };
 
+#ifndef VSIM_NO_REPLAY
+// A recomputation's compiled replay (recompute.py's _replay_compiled, here without Python)
+struct Compiled {
+  py::object holder;  // the Program's Python object, kept alive
+  const vsim_replay::Program* program;
+  std::vector<int64_t> tensors;  // the tensors the Recompute rebuilds
+  std::vector<int64_t> targets;  // those it was compiled to rebuild (dropped then)
+  int64_t extra;                 // in-place updates outside the chain it re-runs
+  std::string what;              // the Recompute, for errors
+};
+#endif
+
 struct Stats {
   int64_t offloads = 0, prefetches = 0, drops = 0, releases = 0, syncs = 0;
+  int64_t recomputed_calls = 0, inplace_rerun = 0, recompute_ns = 0, replay_call_ns = 0;
   int64_t d2h_bytes = 0, h2d_bytes = 0, host_live = 0, host_peak = 0;
   int64_t host_ns = 0, alloc_ns = 0, copy_ns = 0, event_ns = 0, free_ns = 0, pool_wait_ns = 0;
   int64_t callback_timed_ns = 0;  // host_ns spent inside the counter's call backs
@@ -143,6 +166,26 @@ class Core {
     return true;
   }
 
+#ifndef VSIM_NO_REPLAY
+  // op's recomputations by their compiled replays, in the plan's order: (program, the
+  // tensors the Recompute rebuilds, its targets, in-place re-runs, description) each
+  void set_programs(int64_t op, py::list progs) {
+    std::vector<Compiled> got;
+    for (auto h : progs) {
+      auto t = h.cast<py::tuple>();
+      got.push_back(Compiled{py::reinterpret_borrow<py::object>(t[0]),
+                             vsim_replay::program_of(t[0]), t[1].cast<std::vector<int64_t>>(),
+                             t[2].cast<std::vector<int64_t>>(), t[3].cast<int64_t>(),
+                             t[4].cast<std::string>()});
+    }
+    at(op);
+    programs[op] = std::move(got);
+  }
+  void clear_programs() { programs.clear(); }
+#endif
+  // whether this iteration runs the compiled replays (else the hook, Python's replay)
+  void use_programs(bool on) { programs_on = on; }
+
   // ---------------------------------------------------------------- the iteration
 
   void begin(py::handle compute, py::handle d2h_stream, py::handle h2d_stream) {
@@ -156,6 +199,7 @@ class Core {
     pending_release.clear();
     stats = Stats();
     cur = -1;
+    programs_on = false;
     if (gpu) {
       cs = compute.cast<c10::Stream>();
       d2h = d2h_stream.cast<c10::Stream>();
@@ -276,6 +320,10 @@ class Core {
     d["free_ns"] = stats.free_ns;
     d["pool_wait_ns"] = stats.pool_wait_ns;
     d["callback_timed_ns"] = stats.callback_timed_ns;
+    d["recomputed_calls"] = stats.recomputed_calls;
+    d["inplace_rerun"] = stats.inplace_rerun;
+    d["recompute_ns"] = stats.recompute_ns;
+    d["replay_call_ns"] = stats.replay_call_ns;
     d["skipped"] = stats.skipped;
     return d;
   }
@@ -297,6 +345,10 @@ class Core {
   std::unordered_map<int64_t, int64_t> after_op, pre_op;
   std::unordered_map<int64_t, std::vector<std::pair<int64_t, int64_t>>> frame_watch;
   std::unordered_set<int64_t> frame_python;
+  bool programs_on = false;
+#ifndef VSIM_NO_REPLAY
+  std::unordered_map<int64_t, std::vector<Compiled>> programs;
+#endif
 
   void skip(const std::string& why) { ++stats.skipped[why]; }
 
@@ -318,7 +370,15 @@ class Core {
         stats.event_ns += ns_since(t0);
       }
     }
-    if (a.py & RECOMPUTE) call_python(op, RECOMPUTE);
+    if (a.py & RECOMPUTE) {
+#ifndef VSIM_NO_REPLAY
+      auto it = programs_on ? programs.find(op) : programs.end();
+      if (it != programs.end()) replay(it->second);
+      else call_python(op, RECOMPUTE);
+#else
+      call_python(op, RECOMPUTE);
+#endif
+    }
     for (auto [t, rel] : a.offload_at) offload(t, rel);
     if (a.py & SQUEEZE) call_python(op, SQUEEZE);
   }
@@ -343,6 +403,54 @@ class Core {
       ++stats.syncs;
     }
   }
+
+#ifndef VSIM_NO_REPLAY
+  static std::string ids(const std::vector<int64_t>& xs) {
+    std::string s = "[";
+    for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + std::to_string(xs[i]);
+    return s + "]";
+  }
+
+  // recompute.py's _replay_compiled for each: the targets must be the ones it was compiled
+  // with (the plan's drops repeat)
+  void replay(const std::vector<Compiled>& progs) {
+    const auto t0 = Clock::now();
+    struct Add {
+      int64_t& ns;
+      Clock::time_point t0;
+      ~Add() { ns += ns_since(t0); }
+    } add{stats.recompute_ns, t0};
+    for (const Compiled& c : progs) {
+      std::vector<int64_t> now;
+      std::vector<std::pair<c10::StorageImpl*, int64_t>> tg;
+      std::vector<c10::Storage> held;
+      for (int64_t t : c.tensors) {
+        if (T[t].state != DROPPED) continue;
+        c10::Storage st = storage(t);
+        if (!st) continue;
+        now.push_back(t);
+        tg.emplace_back(st.unsafeGetStorageImpl(), T[t].nbytes);
+        held.push_back(std::move(st));
+      }
+      if (now != c.targets)
+        throw std::runtime_error("vsim executor: recomputing " + c.what +
+                                 ": the tensors to rebuild are " + ids(now) +
+                                 ", the compiled replay's " + ids(c.targets));
+      int64_t calls = 0, ns = 0;
+      std::vector<int> rebuilt;
+      try {
+        rebuilt = vsim_replay::run(*c.program, tg, calls, ns);
+      } catch (...) {
+        stats.replay_call_ns += ns;
+        throw;
+      }
+      for (int i : rebuilt) T[c.targets[i]].state = DEVICE;
+      stats.recomputed_calls += calls;
+      stats.inplace_rerun += c.extra;
+      stats.replay_call_ns += ns;
+    }
+  }
+#endif
 
   c10::Storage storage(int64_t t) {
     Tensor& x = tensor(t);
@@ -673,6 +781,11 @@ void init_core(py::module& m) {
       .def("set_pool", &Core::set_pool)
       .def("arm_counts", &Core::arm_counts)
       .def("arm_frames", &Core::arm_frames)
+#ifndef VSIM_NO_REPLAY
+      .def("set_programs", &Core::set_programs)
+      .def("clear_programs", &Core::clear_programs)
+#endif
+      .def("use_programs", &Core::use_programs)
       .def("begin", &Core::begin)
       .def("register", &Core::reg_py)
       .def("advance", &Core::advance, py::call_guard<py::gil_scoped_release>())

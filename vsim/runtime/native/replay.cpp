@@ -255,22 +255,14 @@ at::Tensor resolve(const ArgPlan& a, const Capture& cap, const std::vector<std::
   return x;
 }
 
-// Runs program `p`; `targets`: per target of the program, (its storage or None, its size
-// when it holds its bytes). Returns (targets rebuilt, calls made, ns inside the calls).
-py::tuple replay(const Program& p, py::list targets) {
-  std::vector<std::pair<c10::StorageImpl*, int64_t>> tg;
-  for (auto h : targets) {
-    auto pair = h.cast<py::tuple>();
-    c10::StorageImpl* st = nullptr;
-    if (!pair[0].is_none()) {
-      if (!THPStorage_Check(pair[0].ptr())) throw std::invalid_argument("replay: UntypedStorages");
-      st = THPStorage_Unpack(pair[0].ptr()).unsafeGetStorageImpl();
-    }
-    tg.emplace_back(st, pair[1].cast<int64_t>());
-  }
+// Runs program `p`; `tg`: per target of the program, (its storage or null, its size when it
+// holds its bytes). Returns the targets rebuilt; adds the calls made to `calls` and the ns
+// inside them to `ns`. Also the executor's core's (core.cpp), without Python.
+std::vector<int> run(const Program& p,
+                     const std::vector<std::pair<c10::StorageImpl*, int64_t>>& tg,
+                     int64_t& calls, int64_t& ns) {
   std::vector<std::vector<Env>> env(p.steps.size());
   std::vector<int> rebuilt;
-  int64_t ns = 0, calls = 0;
   auto& caps = captures();
   for (size_t i = 0; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
@@ -357,8 +349,29 @@ py::tuple replay(const Program& p, py::list targets) {
       env[i][o.leaf] = Env{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(tst), at::Tensor()};
     }
   }
+  return rebuilt;
+}
+
+// run() for Python: `targets` as [(storage or None, nbytes)]; returns (targets rebuilt, calls
+// made, ns inside the calls).
+py::tuple replay(const Program& p, py::list targets) {
+  std::vector<std::pair<c10::StorageImpl*, int64_t>> tg;
+  for (auto h : targets) {
+    auto pair = h.cast<py::tuple>();
+    c10::StorageImpl* st = nullptr;
+    if (!pair[0].is_none()) {
+      if (!THPStorage_Check(pair[0].ptr())) throw std::invalid_argument("replay: UntypedStorages");
+      st = THPStorage_Unpack(pair[0].ptr()).unsafeGetStorageImpl();
+    }
+    tg.emplace_back(st, pair[1].cast<int64_t>());
+  }
+  int64_t calls = 0, ns = 0;
+  std::vector<int> rebuilt = run(p, tg, calls, ns);
   return py::make_tuple(rebuilt, calls, ns);
 }
+
+// The Program a Python object holds (for the core, where Program is an incomplete type).
+const Program* program_of(py::handle h) { return &h.cast<const Program&>(); }
 
 // A program from recompute.py's _ProgramLog: per step (frame key, random, description, args,
 // outs); args (slot, source, step, leaf, live, fresh, protect, scratch or None, dtype, offset,
