@@ -210,8 +210,11 @@ def test_in_place_updates_of_what_a_chain_touched_are_noted(tmp_path: Path) -> N
 
 def test_runtime_cost_can_be_switched_off() -> None:
     """`simulate(runtime_cost=False)` (vsim run/validate --no-runtime-cost) predicts an ideal
-    runtime: none of vsim's runtime's host costs, so never slower than the measured runtime's
-    prediction, and slower on a host-bound model with a plan full of actions."""
+    runtime: none of vsim's runtime's host costs, its recomputations issued as PyTorch issues
+    the forward ops. Against it, the Python runtime's costs make a host-bound model's plan full
+    of actions >10% slower; the executor's core (the default) costs less than the Python
+    runtime, and can beat the ideal one: its compiled replay re-runs a chain's aten calls
+    without the modules' Python."""
     import time
 
     from vsim.allocator import make_allocator
@@ -224,12 +227,15 @@ def test_runtime_cost_can_be_switched_off() -> None:
     root = Path(__file__).resolve().parents[1]
     trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
     hw = load_hardware("h100-sxm")
-    runs = {cost: simulate(trace, hw, make_policy("superneurons"), make_allocator("caching"),
-                           6 << 30, runtime_cost=cost).report["iteration_time_us"]
-            for cost in (None, False)}
+    runs = {(cost, tracker): simulate(trace, hw, make_policy("superneurons"),
+                                      make_allocator("caching"), 6 << 30, runtime_cost=cost,
+                                      tracker=tracker).report["iteration_time_us"]
+            for cost in (None, False) for tracker in (None, "native-frames-gated")}
+    assert runs[False, None] == runs[False, "native-frames-gated"]
     # 33 ms against 29 ms (the native tracker, backward gated, saves from their frames; 36 ms
-    # when it counted every call and hooked the saves)
-    assert runs[None] > runs[False] * 1.10
+    # when it counted every call and hooked the saves); the core 28 ms
+    assert runs[None, "native-frames-gated"] > runs[False, None] * 1.10
+    assert runs[None, None] < runs[None, "native-frames-gated"]
     assert time.perf_counter() - t0 < 30
 
 
@@ -250,8 +256,9 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
     plan = make_policy("vdnn:mode=all").plan(trace, hw, hw.capacity_bytes)
     time = {t: run_plan(trace, hw, plan, make_allocator("exact"), tracker=t,
                         first_iteration=False).report["iteration_time_us"]
-            for t in (None, "native", "python")}
-    assert time[None] == time["native"] < time["python"]
+            for t in (None, "native-frames-gated-core", "native", "python")}
+    assert time[None] == time["native-frames-gated-core"]
+    assert time["native"] < time["python"]
     # the native tracker's saved-tensor hooks: on every forward op before 2026-11-27T08:30,
     # where a save is armed since (the run says so)
     assert measured_tracker({"executed": {"tracker": "native"}}) == "native-always"
@@ -266,6 +273,9 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
                                            "gated": False, "gate_note": None}}
     assert measured_tracker(stopped) == "native-frames-gated"
     assert measured_tracker({**stopped, "fits": True}) == "native-frames"
+    # the plan carried out by the executor's core in C++
+    cored = {**stopped, "executed": {**stopped["executed"], "executor_core": "native"}}
+    assert measured_tracker(cored) == "native-frames-gated-core"
     assert measured_tracker({"executed": None}) is None
     # stopped out of memory in the iteration that calibrates the native tracker (run under the
     # Python one): the runtime would have gone on natively, as its plan was made for
@@ -273,6 +283,38 @@ def test_the_python_tracker_costs_host_time_the_native_one_does_not() -> None:
                    "notes": ["instrumented: the native op tracker counts aten calls in C++"]}
     assert measured_tracker(calibrating) is None
     assert measured_tracker({**calibrating, "notes": []}) == "python"
+
+
+def test_the_executors_core_is_charged_its_own_costs(tmp_path: Path) -> None:
+    """A run whose plan the executor's core carried out in C++ (tracker "...-core") pays the
+    profile's `executor.core` costs in place of the Python runtime's; a profile without them
+    charges the same either way; a core section with another key is refused."""
+    from vsim.allocator import make_allocator
+    from vsim.engine import run_plan
+    from vsim.hardware import load_hardware
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    m = load_host_model("h100-sxm")
+    assert m is not None and m.core and m.with_core().copy_us == m.core["copy_us"]
+    assert m.with_core().native_us_per_call == m.native_us_per_call  # the counter's own
+    root = Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "traces/shufflenet_v2_x1_0-b128-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("vdnn:mode=all").plan(trace, hw, hw.capacity_bytes)
+
+    def issue(tracker: str) -> float:
+        got = run_plan(trace, hw, plan, make_allocator("exact"), tracker=tracker,
+                       first_iteration=False).report
+        return float(got["host"]["issue_us"]) if "host" in got else \
+            float(got["iteration_time_us"])
+    # vDNN-all's offloads and prefetches at the core's copy_us, a fraction of Python's
+    assert m.core["copy_us"] < m.copy_us
+    assert issue("native-frames-gated-core") < issue("native-frames-gated")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("by_phase: {fwd: 1.0}\nexecutor: {core: {tracker_us_per_op: 3}}")
+    with pytest.raises(HardwareError, match="bad.yaml.*executor.core"):
+        read_host_model(bad)
 
 
 def test_the_native_trackers_hooks_are_charged_where_they_are_on() -> None:

@@ -12,7 +12,7 @@ in backward (AccumulateGrad nodes, which traces fold into the op that produces t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,17 @@ class HostModel:
     module_hooks_us: float = 0.0
     counted_calls: dict[str, float] = field(default_factory=dict)
     counted_default: float = 1.0
+    # The executor's costs where its core carries the plan out in C++ (native/core.cpp; runs
+    # under tracker "...-core"): any of copy_us, free_us, recompute_call_us, record_call_us,
+    # record_callback_us, frame_callback_us (validation/host/fit_executor.py --core). Empty:
+    # the Python runtime's costs above
+    core: dict[str, float] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def with_core(self) -> HostModel:
+        """This model with the executor's costs of its core (`core`) in place."""
+        c = self.core
+        return replace(self, **{k: float(c[k]) for k in CORE_COSTS if k in c})  # type: ignore[arg-type]
 
     def counted(self, op: Op) -> float:
         """Aten calls the native tracker counts for trace op `op`."""
@@ -140,6 +150,11 @@ class HostModel:
 
 
 _LOADED: dict[tuple[str, int, int], HostModel] = {}
+
+
+# the executor's costs its core (native/core.cpp) has its own values of (HostModel.core)
+CORE_COSTS = ("copy_us", "free_us", "recompute_call_us", "record_call_us", "record_callback_us",
+              "frame_callback_us")
 
 
 def load_host_model(hw_name: str, directory: Path | None = None) -> HostModel | None:
@@ -226,6 +241,11 @@ def read_host_model(path: Path) -> HostModel:
                  if k != "default"},
                 count(raw.get("default", default), f"executor.{key}.default", low))
 
+    core_raw = executor.get("core") or {}
+    if not isinstance(core_raw, dict) or not set(core_raw) <= set(CORE_COSTS):
+        raise HardwareError(f"{path}: executor.core must map some of {', '.join(CORE_COSTS)} "
+                            "to us")
+    core = {str(k): us(v, f"executor.core.{k}") for k, v in core_raw.items()}
     calls, calls_default = counts("calls_per_op", 1.0)
     counted, counted_default = counts("counted_calls", 1.0)
     saves, saves_default = counts("saves_per_op", 0.0, low=0.0)
@@ -252,7 +272,7 @@ def read_host_model(path: Path) -> HostModel:
                                            "executor.native_us_per_call"),
                      module_hooks_us=us(executor.get("module_hooks_us", 0.0),
                                         "executor.module_hooks_us"),
-                     counted_calls=counted, counted_default=counted_default)
+                     counted_calls=counted, counted_default=counted_default, core=core)
 
 
 TIMING_DIR = HOST_DIR.parent / "timing"

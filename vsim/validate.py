@@ -337,7 +337,8 @@ def measured_tracker(measured: dict[str, Any]) -> str | None:
                 and not executed.get("gate_note"):
             gated = True  # stopped before its backward: it would have been gated
         return name + ("-gated" if gated else "") + \
-            ("-modules" if executed.get("fwd_gated") else "")
+            ("-modules" if executed.get("fwd_gated") else "") + \
+            ("-core" if executed.get("executor_core") == "native" else "")
     return "python"
 
 

@@ -39,6 +39,15 @@ hardware/host/NAME.yaml's `executor` section and the check table.
 
     python validation/host/fit_executor.py \
         --hold-out efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2 [--since 2026-11-27]
+
+`--core`: the runs whose plan the executor's core carried out in C++ (vsim/runtime/native/core.cpp,
+`executed.executor_core` "native", from 2026-11-27T18:50), for the profile's `executor.core`
+section. There the count call backs are C++ end to end and timed whole (`executor_callback_us`):
+their part outside the executor's timed work (registering the outputs the plan acts on) joins
+the time fitted per action, the frame call backs are charged at their median per call
+(`frame_callback_us`), and nothing of the runtime's runs untimed per recorded call any more
+(no call back into Python per recorded call once the replay is compiled): `record_callback_us`
+0. No plain twins were measured beside these runs, so the counter's cost per call is not refit.
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TERMS = ("copy_us", "free_us", "recompute_call_us", "record_call_us")  # in this order
 
 
-def runs(hardware: str, since: str = "") -> list[dict]:
+def runs(hardware: str, since: str = "", core: bool = False) -> list[dict]:
     out = []
     for f in sorted(glob.glob(str(ROOT / "validation/measured/*.json"))):
         d = json.loads(Path(f).read_text())
@@ -71,10 +80,15 @@ def runs(hardware: str, since: str = "") -> list[dict]:
         if sum(x) + ex["recomputed_calls"] == 0 or \
                 (ex["recomputed_calls"] and "executor_record_us" not in ex):
             continue
+        if core != (ex.get("executor_core") == "native"):
+            continue
+        outside = ex.get("executor_callback_us", 0.0) - ex.get("executor_callback_timed_us", 0.0) \
+            if core else 0.0
         churn = d.get("allocator_churn") or {}
         replay, record = ex.get("executor_recompute_us", 0.0), ex.get("executor_record_us", 0.0)
         out.append({"id": d["id"], "model": d["model"], "x": x,
-                    "y": ex["executor_host_us"] - replay - record,
+                    "y": ex["executor_host_us"] - replay - record + outside,
+                    "frames": (ex.get("executor_frame_us", 0.0), ex.get("frame_calls", 0)),
                     "host": ex["executor_host_us"],
                     "replay": (replay, ex["recomputed_calls"]),
                     "record": (record, ex.get("recorded_calls", 0)),
@@ -210,14 +224,19 @@ def main() -> None:
     ap.add_argument("--hold-out", default="efficientnet_b0,regnet_y_1_6gf,swin_t,wide_resnet50_2")
     ap.add_argument("--since", default="", help="only runs measured at or after this UTC date "
                     "(a runtime change: 2026-11-27 for the native actions and hook)")
+    ap.add_argument("--core", action="store_true", help="the runs the executor's core carried "
+                    "out (executed.executor_core native): the profile's executor.core section")
     args = ap.parse_args()
     held = set(args.hold_out.split(","))
-    data = runs(args.hardware, args.since)
+    data = runs(args.hardware, args.since, args.core)
     fit = [r for r in data if r["model"] not in held and not r["retried"]]
     c = nnls(np.array([r["x"] for r in fit], float), np.array([r["y"] for r in fit], float))
     values = dict(zip(TERMS, [*c, per_call(fit, "replay"), per_call(fit, "record")],
                       strict=True))
-    print("executor:")
+    if args.core:
+        values["frame_callback_us"] = per_call(fit, "frames")
+        values["record_callback_us"] = 0.0
+    print("executor:" if not args.core else "executor.core:")
     for name, v in values.items():
         print(f"  {name}: {v:.1f}")
     print(f"fit on {len(fit)} runs of {len({r['model'] for r in fit})} models; held out: "
@@ -240,6 +259,8 @@ def main() -> None:
     print(f"| fit | {err(fit)} |")
     print(f"| held out | {err([r for r in data if r['model'] in held and not r['retried']])} |")
     print(f"| allocator retried (not fitted) | {err([r for r in data if r['retried']])} |")
+    if args.core:
+        return
     print("outside the executor's timers:")
     unseen(args.hardware, held, args.since)
 

@@ -230,6 +230,12 @@ class _PlanningRunner:
         return floor.iteration_floor(trace, hw, plan, clock, self._free_us[key][1])
 
 
+# The op tracker and runtime a run is simulated under by default: the runtime's default, native
+# where built, the saves a plan acts on taken from their calls' frames, backward gated, the
+# plan carried out by the executor's core in C++ (_host_model says what each part means)
+DEFAULT_TRACKER = "native-frames-gated-core"
+
+
 def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
                 tracker: str | None = None) -> HostModel | None:
     """The host model a run uses (run_plan's `host_time`), or None; with the costs of the op
@@ -245,14 +251,18 @@ def _host_model(trace: Trace, hw: Hardware, host_time: bool | None,
         return dataclasses.replace(host, pack_us=0.0, save_us=0.0, record_callback_us=0.0,
                                    frame_callback_us=0.0,
                                    native_us_per_call=0.0)
-    # None: the runtime's default, native where built, the saves a plan acts on taken from
-    # their calls' frames, backward gated ("native-frames-gated"); "native": the saved-tensor
+    # None: the runtime's default (DEFAULT_TRACKER); "native": the saved-tensor
     # hooks on only where a save is armed; "native-always": the native tracker before
     # 2026-11-27T08:30, the hooks on for every forward op; "native-frames": those saves taken
     # from their calls' frames (VSIM_NATIVE_SAVED=frames); a "-gated" suffix: backward's nodes
     # without an action untracked (VSIM_NATIVE_GATE=nodes); then "-modules": forward's module
-    # calls without an action untracked (VSIM_NATIVE_FWD_GATE=modules)
-    name = tracker or "native-frames-gated"
+    # calls without an action untracked (VSIM_NATIVE_FWD_GATE=modules); last "-core": the plan
+    # carried out by the executor's core in C++ (native/core.cpp), at HostModel.core's costs
+    name = tracker or DEFAULT_TRACKER
+    core = name.endswith("-core")  # the plan carried out by the executor's core (C++)
+    name = name.removesuffix("-core")
+    if core:
+        host = host.with_core()
     modules = name.endswith("-modules")
     name = name.removesuffix("-modules")
     gated = name.endswith("-gated")
@@ -302,7 +312,8 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     only the backward ops the plan acts at, one call each (hostclock.gated_calls;
     VSIM_NATIVE_GATE=nodes, counter.cpp's Gate), and a further "-modules" none in forward's
     module calls without an action (hostclock.forward_gated; VSIM_NATIVE_FWD_GATE=modules);
-    None: "native-frames-gated", as the
+    None: DEFAULT_TRACKER ("native-frames-gated-core", the plan carried out in C++ by the
+    executor's core at HostModel.core's costs), as the
     runtime's default ("auto") runs every plan where the native tracker builds. Planning
     profiling runs use the same tracker (planning_runner), so that a plan is judged under the
     host costs it runs with.

@@ -80,11 +80,20 @@ from .recompute import CONSTANT_FUNCS, ExecutorError, Recomputation, RecordedCal
 SQUEEZE_MARGIN = 32 * 2**20  # what a workspace-free convolution may still allocate beyond its
 # results (validation/workspace-free used the same margin to time these engines)
 
-__all__ = ["SQUEEZE_MARGIN", "Executor", "ExecutorError", "IterationStats", "PinnedPool"]
+__all__ = ["SQUEEZE_MARGIN", "Executor", "ExecutorError", "IterationStats", "PinnedPool",
+           "core_available"]
 
 
 def _same(t: Any) -> Any:
     return t
+
+
+def core_available() -> bool:
+    """Whether executors carry their plans out in C++ (native/core.cpp): the native extension
+    built with it, and not turned off by VSIM_NATIVE_CORE=0."""
+    act = native_actions()
+    return act is not None and hasattr(act, "Core") and \
+        os.environ.get("VSIM_NATIVE_CORE", "1") != "0"
 
 
 @dataclass
@@ -239,8 +248,7 @@ class Executor(Recomputation, NativeRuns):
     def _make_core(self, index: PlanIndex) -> Any:
         """The plan in C++ (native/core.cpp), or None where the extension is not built or
         `VSIM_NATIVE_CORE=0`. Actions are added in the order the Python methods take them."""
-        if self.act is None or not hasattr(self.act, "Core") or \
-                os.environ.get("VSIM_NATIVE_CORE", "1") == "0":
+        if self.act is None or not core_available():
             return None
         ref = weakref.ref(self)  # the core holds the hook: no cycle through C++
 

@@ -25,7 +25,7 @@ from ..policies import make_policy
 from ..record.hostprobe import probe_host
 from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
-from .executor import Executor, ExecutorError, IterationStats, PinnedPool
+from .executor import Executor, ExecutorError, IterationStats, PinnedPool, core_available
 from .hostmem import process_pool
 from .nativerun import NativeDivergence, native_gate, native_saved
 from .opmap import OpMap, map_ops
@@ -110,9 +110,11 @@ PLAN_TRACKER = "native"
 
 def plan_tracker() -> str:
     """The tracker this process's plans are made for (PLAN_TRACKER, or its frames variant;
-    gated unless VSIM_NATIVE_GATE=off)."""
+    gated unless VSIM_NATIVE_GATE=off; "-core" where the executor's core will carry the plan
+    out, from 2026-11-27T19:30)."""
     name = "native-frames" if native_saved() == "frames" else PLAN_TRACKER
-    return name + ("-gated" if native_gate() == "nodes" else "")
+    return name + ("-gated" if native_gate() == "nodes" else "") + \
+        ("-core" if core_available() else "")
 
 
 class Session:
