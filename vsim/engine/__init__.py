@@ -158,9 +158,28 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
                                "host_time": host_time, "tracked": tracked, "tracker": tracker}
     plan = policy.plan_with(trace, hw, capacity, runner)
     result = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
-    if draws and result.report["fits"] and result.capacity_bound and plan.actions:
-        result = with_margin(trace, hw, policy, allocator, capacity, draws, runner, result,
-                             options)
+    if draws and plan.actions:
+        # The margin is the planner's choice, made under the costs it plans with: where those
+        # are not the run's (a plan made for one runtime, run by another), judged there and
+        # the chosen plan then run under the run's
+        planned = options if plan_tracker in (None, tracker) else \
+            {**options, "tracker": plan_tracker}
+        judged = result if planned is options else \
+            run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **planned)
+        if judged.report["fits"] and judged.capacity_bound:
+            chosen = with_margin(trace, hw, policy, allocator, capacity, draws, runner, judged,
+                                 planned)
+            if planned is options:
+                result = chosen
+            else:
+                if chosen.plan is not plan:
+                    result = run_plan(trace, hw, chosen.plan, allocator, capacity,
+                                      label=policy.spec(), **options)
+                    result.report["notes"] += [n for n in chosen.report["notes"]
+                                               if n not in result.report["notes"]]
+                if "timing_draws" in chosen.report:
+                    result.report["timing_draws"] = {
+                        **chosen.report["timing_draws"], "under_tracker": plan_tracker}
     result.plan_seconds = time.process_time() - started
     return result
 
