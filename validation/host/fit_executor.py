@@ -46,8 +46,13 @@ section. There the count call backs are C++ end to end and timed whole (`executo
 their part outside the executor's timed work (registering the outputs the plan acts on) joins
 the time fitted per action, the frame call backs are charged at their median per call
 (`frame_callback_us`), and nothing of the runtime's runs untimed per recorded call any more
-(no call back into Python per recorded call once the replay is compiled): `record_callback_us`
-0. No plain twins were measured beside these runs, so the counter's cost per call is not refit.
+(no call back into Python per recorded call once the replay is compiled). What is left per
+recorded call of a recomputing run's host issue time over its plain twin's (`record_callback_us`)
+is measured again on the runs validation/host/core-twins/runs.txt lists (each plan and the
+model without a policy in one call): the issue time difference less everything the runtime timed and the counter's
+estimate (native_us_per_call per call through its key), per recorded call, the median over the
+pairs of models not held out whose plan does not offload, whose allocator did not retry and
+whose difference is not negative (a GPU-bound issue waits).
 """
 
 from __future__ import annotations
@@ -218,6 +223,42 @@ def unseen(hardware: str, held: set[str], since: str = "") -> dict[str, float]:
     return out
 
 
+CORE_TWINS = ROOT / "validation/host/core-twins"
+
+
+def core_left(hardware: str, held: set[str]) -> float:
+    """record_callback_us under the core, from CORE_TWINS (see the module)."""
+    from vsim.host import load_host_model
+
+    model = load_host_model(hardware)
+    assert model is not None
+    paths = (CORE_TWINS / "runs.txt").read_text().split()
+    runs = {Path(f).stem.rsplit("-", 1)[0]: json.loads((ROOT / f).read_text()) for f in paths}
+    runs = {k: d for k, d in runs.items() if d.get("hardware") == hardware}
+    plain = {(d["model"], d["batch_size"]): d for d in runs.values() if not d.get("executed")}
+    got = []
+    for rid, d in sorted(runs.items()):
+        ex = d.get("executed")
+        none = plain.get((d["model"], d["batch_size"]))
+        if not ex or none is None or not ex.get("recorded_calls"):
+            continue
+        timed = (ex["executor_host_us"] + ex.get("executor_pack_us", 0.0)
+                 + ex.get("executor_frame_us", 0.0) + ex["executor_callback_us"]
+                 - ex["executor_callback_timed_us"])
+        left = d["host_issue_us"] - none["host_issue_us"] - timed \
+            - model.native_us_per_call * (ex.get("calls_through_tracker") or 0)
+        per = left / ex["recorded_calls"]
+        churn = (d.get("allocator_churn") or {}).get("num_alloc_retries")
+        use = d["model"] not in held and not ex["offloads"] and not churn and left >= 0
+        print(f"  # {rid}: {left / 1e3:.1f} ms left, {ex['recorded_calls']} recorded calls, "
+              f"{per:.1f} us each{'' if use else ' (not used)'}")
+        if use:
+            got.append(per)
+    value = float(np.median(got)) if got else 0.0
+    print(f"  record_callback_us: {value:.1f}  # median over {len(got)} pairs")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hardware", default="h100-sxm")
@@ -235,7 +276,8 @@ def main() -> None:
                       strict=True))
     if args.core:
         values["frame_callback_us"] = per_call(fit, "frames")
-        values["record_callback_us"] = 0.0
+        print("left per recorded call (validation/host/core-twins/):")
+        values["record_callback_us"] = core_left(args.hardware, held)
     print("executor:" if not args.core else "executor.core:")
     for name, v in values.items():
         print(f"  {name}: {v:.1f}")
