@@ -83,7 +83,7 @@ class Engine:
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
                  host: HostModel | None = None, tracked: bool = False,
-                 clock: HostClock | None = None,
+                 clock: HostClock | None = None, index: PlanIndex | None = None,
                  transients: Mapping[int, int] | None = None,
                  scale: Mapping[int, float] | None = None, host_scale: float = 1.0,
                  logged: bool = True) -> None:
@@ -94,11 +94,12 @@ class Engine:
         PyTorch falls back to another cuDNN engine (ops that did: `fell_back`). `host`: the
         host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone.
         `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
-        issue times are reused), instead of building one from `host`. `transients`: per op,
+        issue times are reused), instead of building one from `host`. `index`: the plan's
+        PlanIndex, if made already. `transients`: per op,
         a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
         duration as a multiple of the recorded one; the host's issue times, likewise.
-        `logged` False: no memory log and no ExecutedOp records, only the run's end
+        `logged` False: no memory log, no ExecutedOp or Copy records, only the run's end
         (run_plan's)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
@@ -110,7 +111,9 @@ class Engine:
         self.resident_blocks = resident_blocks or {}
         self.hw = hw
         self.plan = plan
-        self.index = PlanIndex(plan)  # read only: what the run changes is the engine's
+        # read only: what the run changes is the engine's (`index`: PlanIndex(plan) from an
+        # earlier iteration of the same plan)
+        self.index = PlanIndex(plan) if index is None else index
         # The plan's retimes and, added as ops fall back, their workspace-free algorithms.
         self.retime: dict[int, Retime] = dict(self.index.retime)
         self.env = Environment()
@@ -198,7 +201,8 @@ class Engine:
         self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
-                  [c.start_us + c.dur_us for c in copies] + [self.ops_end_us, 0.0])
+                  [c.start_us + c.dur_us for c in copies] +
+                  [self.ops_end_us, self.transfers.copies_end_us, 0.0])
         notes = list(self.plan.notes)
         if self.clock is not None and end > 0 and self.host_wait_us > 0.05 * end:
             notes.append(f"host-bound: the GPU waited {self.host_wait_us / 1e3:.2f} ms of the "
