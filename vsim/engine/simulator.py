@@ -116,6 +116,8 @@ class Engine:
         self.index = PlanIndex(plan) if index is None else index
         # The plan's retimes and, added as ops fall back, their workspace-free algorithms.
         self.retime: dict[int, Retime] = dict(self.index.retime)
+        # per op with prefetches to wait for, what it waits to have on the GPU (_reads_ready)
+        self._needed: dict[int, tuple[int, ...]] = self.index.memo.setdefault("reads needed", {})
         self.env = Environment()
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
@@ -532,8 +534,11 @@ class Engine:
             # (sorted(set(op.reads).difference(op.writes)), made once per trace)
             needed = self.prep.reads_sorted[op.id]
             needs = self.index.needs.get(op.id)
-            if needs:
-                needed = tuple(sorted(set(needed).union(needs)))
+            if needs:  # (with what prefetches bring it: once per plan, not per iteration)
+                got = self._needed.get(op.id)
+                if got is None:
+                    got = self._needed[op.id] = tuple(sorted(set(needed).union(needs)))
+                needed = got
             state_get, finished = self.memory.state.get, self.transfers.finished
             release_op_get = self.transfers._release_op.get  # noqa: SLF001
             for t in needed:

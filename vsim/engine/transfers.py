@@ -205,11 +205,11 @@ class Transfers:
         still copying, the program frees them now (PyTorch's memory_allocated drops:
         free_requested) but the block is reused only when the copy ends (record_stream;
         free_completed, by the offload process)."""
-        for t in self._release_at_end.pop(oid, []):
+        for t in self._release_at_end.pop(oid, ()):
             if self._copied_out[t].triggered:
                 self._free_waits[t] = self._d2h_before()
                 self._release_offloaded(t, oid)
-        for t in self._releasing.pop(oid, []):
+        for t in self._releasing.pop(oid, ()):
             if not self._copied_out[t].triggered \
                     and self.memory.where(t) is OFFLOADING:
                 self.memory.request_free(t, self.env.now, oid)
