@@ -342,7 +342,6 @@ class Engine:
         sync_cap = self.sync_at_capacity
         transient_before = self.transient_before
         wait_for_memory = self.plan.wait_for_memory and not sync_cap
-        would_hit = self.allocator.would_hit
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         first_use = self.first_use
         clock, driver_calls = self.clock, self.allocator.driver_calls
@@ -435,12 +434,13 @@ class Engine:
                         continue
                     if wait_for_memory and not serves_now(size[t]):
                         break
-                    # (_syncs_for and Transfers.copying written out)
+                    # (_syncs_for and Transfers.copying written out; where the request
+                    # would synchronize, the allocation does nothing and says so)
                     if sync_cap and (transfers.in_flight or transfers.limbo
-                                     or transfers._returning) \
-                            and would_hit(size[t]):  # noqa: SLF001
-                        break  # _allocate_outputs synchronizes
-                    if not allocate(t, size[t], wait_start, oid):
+                                     or transfers._returning):  # noqa: SLF001
+                        if not allocate(t, size[t], wait_start, oid, DEVICE, False, True):
+                            break  # _allocate_outputs synchronizes
+                    elif not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
                     k += 1
@@ -454,10 +454,12 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    syncs = sync_cap and bool(  # (ditto)
-                        transfers.in_flight or transfers.limbo
-                        or transfers._returning) and would_hit(size[t])  # noqa: SLF001
-                    if syncs or not allocate(t, size[t], now, oid):
+                    if sync_cap and (transfers.in_flight or transfers.limbo
+                                     or transfers._returning):  # noqa: SLF001  (ditto)
+                        syncs = failed = not allocate(t, size[t], now, oid, DEVICE, False, True)
+                    else:
+                        syncs, failed = False, not allocate(t, size[t], now, oid)
+                    if failed:
                         if syncs or retries and transfers.releasing_memory("any"):
                             # the allocator synchronizes at the cap (sync_at_capacity), or
                             # waits for blocks freed while a copy ran
