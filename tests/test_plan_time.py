@@ -295,6 +295,70 @@ def test_a_segments_chain_is_the_one_rebuild_chain_gives(name: str) -> None:
     assert chains > 100
 
 
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "efficientnet_b0-b64-h100"])
+def test_a_segments_validity_and_transient_bytes_are_the_planning_functions(name: str) -> None:
+    """The DP's segment shapes take their chain's inputs and what it writes from per-op frozen
+    sets and check staleness over the updated inputs' readers (Segmenter._stale): a segment
+    is valid exactly when planning's chain_inputs are alive at the recomputation and
+    stale_inputs finds none, and its transient bytes are what the chain writes that is neither
+    dropped nor alive then (in-place ReLUs on resnet50, in-place SiLUs on efficientnet)."""
+    from vsim.policies.planning import alive_in_trace, chain_inputs, stale_inputs
+    from vsim.policies.recompute import Segmenter
+    view = TraceView(load_trace(TRACES / f"{name}.vsim.json.gz"))
+    seg = Segmenter.of(view)
+    seen = {True: 0, False: 0}
+    stale = 0
+    for a, b in seg._entry_keys():
+        sh = seg._shape(a, b)
+        if not sh.dropped:
+            continue
+        slot = view.before(sh.before_op)
+        inputs = chain_inputs(view, sh.chain)
+        alive = not inputs & set(sh.dropped) and all(alive_in_trace(view, t, slot)
+                                                     for t in inputs)
+        stale += alive and bool(stale_inputs(view, sh.chain))
+        assert sh.valid == (alive and not stale_inputs(view, sh.chain)), (a, b)
+        seen[sh.valid] += 1
+        written = {t for o in sh.chain for t in view.op[o].writes}
+        transient = [view.tensor[t] for t in written
+                     if t not in sh.dropped and not alive_in_trace(view, t, slot)]
+        assert sh.transient_bytes == sum(t.size_bytes for t in transient)
+        assert sorted(sh.transient_workspaces) == sorted(
+            (t.producer, t.size_bytes) for t in transient if t.kind == "workspace")
+    assert seen[True] > 100 and seen[False] > 0
+    # (no DP segment's chain is stale, by its cuts: planning.inseparable) Over windows of the
+    # forward ops, Segmenter._stale is stale_inputs as a truth value
+    fwd_ops = seg._fwd_ops()[0]
+    for width in (2, 5, 20):
+        for i in range(0, len(fwd_ops) - width, 3):
+            chain = fwd_ops[i:i + width]
+            inputs = chain_inputs(view, chain)
+            got = seg._stale(list(range(i + width - 1, i - 1, -1)), inputs)
+            assert got == bool(stale_inputs(view, chain, inputs)), (i, width)
+            stale += got
+    assert stale > 0 or name.startswith("resnet")
+
+
+def test_a_run_without_its_log_has_the_logged_runs_verdict(resnet50: tuple[Any, int]) -> None:
+    """A profiling run without its memory log (run_plan's logged=False: no ExecutedOp or Copy
+    records, only their latest end) gives the verdict of the same run logged: fits, where it
+    ran out of memory and the iteration's end, with copies in flight at the end."""
+    trace, peak = resnet50
+    runner = planning_runner(make_allocator("caching"))
+    checked = 0
+    for spec, frac in [("vdnnpp", 0.5), ("vdnnpp", 0.3), ("superneurons", 0.5),
+                       ("layrub", 0.4), ("hybrid", 0.5)]:
+        plan = make_policy(spec).plan_with(trace, HW, int(peak * frac), runner)
+        for iterations in (2, 3, None):
+            cap = int(peak * frac)
+            quiet = runner.unlogged(trace, HW, plan, cap, iterations)
+            loud = runner.screen(trace, HW, plan, cap, iterations)
+            assert not quiet.output.copies and not quiet.output.executed
+            assert quiet.verdict == loud.verdict, (spec, frac, iterations)
+            checked += bool(loud.output.copies)
+    assert checked >= 6
+
+
 @pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100",
                                   "gpt2-b8-s1024-bf16-adamw-h100"])
 def test_the_segments_own_profiles_at_once_are_each_segments(name: str) -> None:

@@ -96,6 +96,9 @@ class PlanIndex:
         self.recompute_before: dict[int, list[Recompute]] = defaultdict(list)
         self.recomputed_ops: set[int] = set()  # forward ops some Recompute re-runs
         self.retime: dict[int, Retime] = {}
+        # what the engine derives from the index once per plan, not per iteration (a run's
+        # iterations share their plan's index)
+        self.memo: dict[object, Any] = {}
         for a in plan.actions:
             if isinstance(a, Offload):
                 (self.offload_after if a.after else self.offload_at)[a.at_op].append(a)

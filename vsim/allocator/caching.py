@@ -97,10 +97,15 @@ class CachingAllocator(Allocator):
                 return False
         return self.reserved_bytes + grow > self.capacity_bytes
 
-    def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False) -> object | None:
+    def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False,
+               unless_hit: bool = False) -> object | None:
         """`searched`: the request already found no cached block before the device was
         synchronized (would_hit): the blocks that came back since are not searched, as
-        PyTorch's retry is a cudaMalloc after the cache is freed, not another search."""
+        PyTorch's retry is a cudaMalloc after the cache is freed, not another search.
+        `unless_hit`: where `would_hit` is true, None with nothing changed (the engine then
+        synchronizes first); otherwise the block, which cannot fail then (a cached block, or
+        a new segment under the capacity). One call where the engine asked would_hit and then
+        malloc for most requests while a copy is in flight."""
         # round_size and BlockPool lookups written out: the engine calls this per tensor
         size = MIN_BLOCK if size_bytes < MIN_BLOCK \
             else MIN_BLOCK * ((size_bytes + MIN_BLOCK - 1) // MIN_BLOCK)
@@ -134,6 +139,8 @@ class CachingAllocator(Allocator):
             seg.blocks_in_use += 1
             self.allocated_bytes += found.size
             return found
+        if unless_hit and self.reserved_bytes + segment_size(size) > self.capacity_bytes:
+            return None  # (would_hit: no cached block, no room for a segment)
         return self._new_segment(size, kind, pool, stream)
 
     def _new_segment(self, size: int, kind: str, pool: BlockPool, stream: int) -> Block | None:

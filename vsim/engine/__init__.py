@@ -351,10 +351,10 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     `draw`: the run's iterations under one draw of the timing variation measured between real
     iterations (TimingDraw; all of them run, none alike); None: the recorded timing.
 
-    `logged` False: the engine keeps no memory log and no per-op records (its output's
-    `executed` is empty), from which the report and the predicted trace are built (asking
-    for either raises): a profiling run whose verdict alone is read (SimResult.verdict),
-    which runs the same without them.
+    `logged` False: the engine keeps no memory log and no per-op or per-copy records (its
+    output's `executed` and `copies` are empty), from which the report and the predicted
+    trace are built (asking for either raises): a profiling run whose verdict alone is read
+    (SimResult.verdict), which runs the same without them.
     """
     capacity = _capacity(hw, capacity_bytes)
     if iterations is not None and iterations < 2:
@@ -471,6 +471,7 @@ class _Run:
         self.engine: Engine | None = None
         self._steady: Engine | None = None  # the last steady iteration, its state not carried
         self._engine_notes: list[str] = []
+        self._plan_index: tuple[Plan, PlanIndex] | None = None  # (_index)
 
     def advance(self, iterations: int) -> tuple[EngineOutput, Engine]:
         if self.done and self.ran == 1:  # out of memory in the first iteration
@@ -480,7 +481,8 @@ class _Run:
             first = Engine(self.trace, self.hw, self.plan, self.memory,
                            first_use=trace_prep(self.trace).first_use(),
                            fallback=self.fallback, host=self.host, tracked=self.tracked,
-                           transients=self.transients, logged=self.logged, **self._drawn())
+                           transients=self.transients, logged=self.logged,
+                           index=self._index(), **self._drawn())
             out = first.run()
             self.ran = 1
             if out.oom is not None:
@@ -516,7 +518,8 @@ class _Run:
             engine = Engine(self.trace, self.hw, self.plan, self.memory,
                             resident_blocks=self.resident, fallback=self.fallback,
                             host=self.host, tracked=self.tracked, clock=self.clock,
-                            transients=self.transients, logged=self.logged, **self._drawn())
+                            transients=self.transients, logged=self.logged,
+                            index=self._index(), **self._drawn())
             self.clock = engine.clock
             out = engine.run()
             self.ran += 1
@@ -527,6 +530,13 @@ class _Run:
                 self.done = True
         assert self.out is not None and self.engine is not None
         return self._reported(), self.engine
+
+    def _index(self) -> PlanIndex:
+        """The PlanIndex of the plan the next iteration runs: the last one's while the plan is
+        the same (one per plan, not per iteration; engines only read it)."""
+        if self._plan_index is None or self._plan_index[0] is not self.plan:
+            self._plan_index = (self.plan, PlanIndex(self.plan))
+        return self._plan_index[1]
 
     def _drawn(self) -> dict[str, Any]:
         """The next iteration's Engine arguments of the timing draw (none without one)."""

@@ -23,6 +23,7 @@ import simpy
 from simpy.events import URGENT
 
 from ..hardware import CopyPath, Hardware
+from .sim import Event
 
 
 class _Transfer:
@@ -149,7 +150,7 @@ class _CopyEngine:
         self.waiting: deque[simpy.Event] = deque()
 
     def request(self) -> simpy.Event:
-        slot = simpy.Event(self.env)
+        slot = Event(self.env)
         self.waiting.append(slot)
         if not self.busy:
             self._grant(None)
@@ -167,7 +168,7 @@ class _CopyEngine:
         engine busy), so the event would grant nothing."""
         self.busy = False
         if self.waiting:
-            done = simpy.Event(self.env)
+            done = Event(self.env)
             done.callbacks.append(self._grant)  # type: ignore[union-attr]
             done.succeed()
 

@@ -110,10 +110,15 @@ class DeviceMemory:
         self.state[tensor] = state
 
     def allocate(self, tensor: int, size_bytes: int, now: float, op: int | None,
-                 state: Residency = DEVICE, searched: bool = False) -> bool:
-        """`searched`: the retry after a device-wide synchronize (CachingAllocator.malloc)."""
+                 state: Residency = DEVICE, searched: bool = False,
+                 unless_hit: bool = False) -> bool:
+        """`searched`: the retry after a device-wide synchronize; `unless_hit`: False, with
+        nothing changed, where the request would synchronize first (both
+        CachingAllocator.malloc's)."""
         if searched:  # (the caching model's: only its runs sync at the capacity)
             block = self.allocator.malloc(size_bytes, searched=True)  # type: ignore[call-arg]
+        elif unless_hit:  # (likewise)
+            block = self.allocator.malloc(size_bytes, unless_hit=True)  # type: ignore[call-arg]
         else:
             block = self._malloc(size_bytes)
         if block is None:

@@ -11,12 +11,44 @@ of an offloading plan's run).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
-from heapq import heappop
+from heapq import heappop, heappush
+from typing import Any
 
 import simpy
 from simpy.core import BoundClass
-from simpy.events import PENDING
+from simpy.events import NORMAL, PENDING
+
+
+class Event(simpy.Event):
+    """simpy.Event whose `succeed` puts it on the queue itself, with the key env.schedule
+    gives it (now, NORMAL, the next id): the engine's events (ops another stream waits for,
+    copies' ends) succeed a few hundred thousand times per planning."""
+
+    def succeed(self, value: Any = None) -> Event:
+        if self._value is not PENDING:
+            raise RuntimeError(f"{self} has already been triggered")
+        self._ok = True
+        self._value = value
+        env = self.env
+        heappush(env._queue, (env._now, NORMAL, next(env._eid), self))  # noqa: SLF001
+        return self
+
+
+class Timeout(simpy.Timeout):
+    """simpy.Timeout put on the queue itself, with env.schedule's key (now + delay, NORMAL,
+    the next id): the streams' and copies' waits."""
+
+    def __init__(self, env: simpy.Environment, delay: float, value: Any = None) -> None:
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        self.env = env
+        self.callbacks = []
+        self._value = value
+        self._delay = delay
+        self._ok = True
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))  # noqa: SLF001
 
 
 class _Condition(simpy.Event):
@@ -81,6 +113,9 @@ class Environment(simpy.Environment):
         for name, attr in vars(simpy.Environment).items():
             if type(attr) is BoundClass:
                 setattr(self, name, getattr(self, name))
+        # (and env.event, env.timeout: the lighter ones above)
+        self.event = types.MethodType(Event, self)  # type: ignore[method-assign]
+        self.timeout = types.MethodType(Timeout, self)  # type: ignore[method-assign]
 
     def all_of(self, events: Sequence[simpy.Event]) -> AllOf:  # type: ignore[override]
         return AllOf(self, events)

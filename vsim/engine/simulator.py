@@ -83,7 +83,7 @@ class Engine:
                  resident_blocks: dict[int, object] | None = None,
                  fallback: Mapping[int, Retime] | None = None,
                  host: HostModel | None = None, tracked: bool = False,
-                 clock: HostClock | None = None,
+                 clock: HostClock | None = None, index: PlanIndex | None = None,
                  transients: Mapping[int, int] | None = None,
                  scale: Mapping[int, float] | None = None, host_scale: float = 1.0,
                  logged: bool = True) -> None:
@@ -94,11 +94,12 @@ class Engine:
         PyTorch falls back to another cuDNN engine (ops that did: `fell_back`). `host`: the
         host's own time (vsim.engine.hostclock); None: the recorded launch gaps alone.
         `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
-        issue times are reused), instead of building one from `host`. `transients`: per op,
+        issue times are reused), instead of building one from `host`. `index`: the plan's
+        PlanIndex, if made already. `transients`: per op,
         a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
         duration as a multiple of the recorded one; the host's issue times, likewise.
-        `logged` False: no memory log and no ExecutedOp records, only the run's end
+        `logged` False: no memory log, no ExecutedOp or Copy records, only the run's end
         (run_plan's)."""
         self.trace = trace
         self.fallback: Mapping[int, Retime] = {} if fallback is None else fallback
@@ -110,9 +111,13 @@ class Engine:
         self.resident_blocks = resident_blocks or {}
         self.hw = hw
         self.plan = plan
-        self.index = PlanIndex(plan)  # read only: what the run changes is the engine's
+        # read only: what the run changes is the engine's (`index`: PlanIndex(plan) from an
+        # earlier iteration of the same plan)
+        self.index = PlanIndex(plan) if index is None else index
         # The plan's retimes and, added as ops fall back, their workspace-free algorithms.
         self.retime: dict[int, Retime] = dict(self.index.retime)
+        # per op with prefetches to wait for, what it waits to have on the GPU (_reads_ready)
+        self._needed: dict[int, tuple[int, ...]] = self.index.memo.setdefault("reads needed", {})
         self.env = Environment()
         # Host buffers count as pinned only when allocated per copy; a pool is reported as a whole
         # (Plan.pinned_pool_bytes) and pageable staging pins nothing.
@@ -198,7 +203,8 @@ class Engine:
         self.transfers.close()
         copies = self.transfers.copies
         end = max([e.start_us + e.dur_us for e in self.executed] +
-                  [c.start_us + c.dur_us for c in copies] + [self.ops_end_us, 0.0])
+                  [c.start_us + c.dur_us for c in copies] +
+                  [self.ops_end_us, self.transfers.copies_end_us, 0.0])
         notes = list(self.plan.notes)
         if self.clock is not None and end > 0 and self.host_wait_us > 0.05 * end:
             notes.append(f"host-bound: the GPU waited {self.host_wait_us / 1e3:.2f} ms of the "
@@ -336,7 +342,6 @@ class Engine:
         sync_cap = self.sync_at_capacity
         transient_before = self.transient_before
         wait_for_memory = self.plan.wait_for_memory and not sync_cap
-        would_hit = self.allocator.would_hit
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         first_use = self.first_use
         clock, driver_calls = self.clock, self.allocator.driver_calls
@@ -429,12 +434,13 @@ class Engine:
                         continue
                     if wait_for_memory and not serves_now(size[t]):
                         break
-                    # (_syncs_for and Transfers.copying written out)
+                    # (_syncs_for and Transfers.copying written out; where the request
+                    # would synchronize, the allocation does nothing and says so)
                     if sync_cap and (transfers.in_flight or transfers.limbo
-                                     or transfers._returning) \
-                            and would_hit(size[t]):  # noqa: SLF001
-                        break  # _allocate_outputs synchronizes
-                    if not allocate(t, size[t], wait_start, oid):
+                                     or transfers._returning):  # noqa: SLF001
+                        if not allocate(t, size[t], wait_start, oid, DEVICE, False, True):
+                            break  # _allocate_outputs synchronizes
+                    elif not allocate(t, size[t], wait_start, oid):
                         failed = True
                         break
                     k += 1
@@ -448,10 +454,12 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    syncs = sync_cap and bool(  # (ditto)
-                        transfers.in_flight or transfers.limbo
-                        or transfers._returning) and would_hit(size[t])  # noqa: SLF001
-                    if syncs or not allocate(t, size[t], now, oid):
+                    if sync_cap and (transfers.in_flight or transfers.limbo
+                                     or transfers._returning):  # noqa: SLF001  (ditto)
+                        syncs = failed = not allocate(t, size[t], now, oid, DEVICE, False, True)
+                    else:
+                        syncs, failed = False, not allocate(t, size[t], now, oid)
+                    if failed:
                         if syncs or retries and transfers.releasing_memory("any"):
                             # the allocator synchronizes at the cap (sync_at_capacity), or
                             # waits for blocks freed while a copy ran
@@ -528,8 +536,11 @@ class Engine:
             # (sorted(set(op.reads).difference(op.writes)), made once per trace)
             needed = self.prep.reads_sorted[op.id]
             needs = self.index.needs.get(op.id)
-            if needs:
-                needed = tuple(sorted(set(needed).union(needs)))
+            if needs:  # (with what prefetches bring it: once per plan, not per iteration)
+                got = self._needed.get(op.id)
+                if got is None:
+                    got = self._needed[op.id] = tuple(sorted(set(needed).union(needs)))
+                needed = got
             state_get, finished = self.memory.state.get, self.transfers.finished
             release_op_get = self.transfers._release_op.get  # noqa: SLF001
             for t in needed:

@@ -59,6 +59,10 @@ class Transfers:
         self.allocate = allocate
         self.stop = stop
         self.copies: list[Copy] = []
+        # (a run without its memory log keeps no Copy records, only their latest end: its
+        # verdict's iteration end, Engine.run)
+        self.logged = memory.logged
+        self.copies_end_us = 0.0
         self.in_flight = 0
         self.host_blocking: list[simpy.Event] = []
         self._copied_out: dict[int, simpy.Event] = {}  # D2H copy finished
@@ -201,11 +205,11 @@ class Transfers:
         still copying, the program frees them now (PyTorch's memory_allocated drops:
         free_requested) but the block is reused only when the copy ends (record_stream;
         free_completed, by the offload process)."""
-        for t in self._release_at_end.pop(oid, []):
+        for t in self._release_at_end.pop(oid, ()):
             if self._copied_out[t].triggered:
                 self._free_waits[t] = self._d2h_before()
                 self._release_offloaded(t, oid)
-        for t in self._releasing.pop(oid, []):
+        for t in self._releasing.pop(oid, ()):
             if not self._copied_out[t].triggered \
                     and self.memory.where(t) is OFFLOADING:
                 self.memory.request_free(t, self.env.now, oid)
@@ -246,7 +250,10 @@ class Transfers:
         """An offload's D2H copy has ended."""
         size = self.size[t]
         self.in_flight -= 1
-        self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
+        if self.logged:
+            self.copies.append(Copy(t, "d2h", size, start, end - start, D2H_STREAM))
+        elif start + (end - start) > self.copies_end_us:  # (the Copy's start_us + dur_us)
+            self.copies_end_us = start + (end - start)
         self._d2h_active.pop(t, None)
         self._copied_out[t].succeed()
         if release_after in self.finished:
@@ -332,7 +339,10 @@ class Transfers:
         size = self.size[t]
         self.in_flight -= 1
         self._h2d_active.pop(t, None)
-        self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
+        if self.logged:
+            self.copies.append(Copy(t, "h2d", size, start, end - start, H2D_STREAM))
+        elif start + (end - start) > self.copies_end_us:  # (likewise)
+            self.copies_end_us = start + (end - start)
         self.memory.unpin(size)
         self.memory.mark(t, DEVICE)
         if t in self._free_pending:

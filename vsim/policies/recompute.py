@@ -92,6 +92,9 @@ _Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
 keeps and its recomputation time (Segmenter._dp_rows)."""
 
 
+OWN_PROFILE_CHUNK = 256
+"""Segments per pass of Segmenter._own_profiles."""
+
 _NEVER = float("inf")  # (Segmenter._need_pos: a map no backward op reads)
 
 
@@ -275,13 +278,15 @@ class Segmenter:
             raise ValueError("min() arg is an empty sequence")
         before = fwd_op_at[int(first)]
         slot = view.before(before)
-        fwd_off = self._fwd_ops()[1]
-        chain = self._rebuild_chain(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
-        # (chain_inputs written out, its written set shared with the transient's)
-        by_id = view.op
-        chain_ops = [by_id[o] for o in chain]
-        written = {t for op in chain_ops for t in op.writes}
-        inputs = {t for op in chain_ops for t in op.reads if t not in written}
+        fwd_ops, fwd_off = self._fwd_ops()
+        walked = self._chain_walk(fwd_off[lo], fwd_off[hi + 1], drop_set, slot)
+        chain = tuple([fwd_ops[i] for i in reversed(walked)])
+        # (chain_inputs written out, its written set shared with the transient's: unions of
+        # the chain ops' frozen sets, in C)
+        op_writes, op_reads = self._chain_sets()
+        written = set().union(*[op_writes[i] for i in walked])
+        inputs = set().union(*[op_reads[i] for i in walked])
+        inputs -= written
         # (alive_in_trace written out: the DP asks this for thousands of segments)
         alloc, free = view._alloc_slot, view._free_slot  # noqa: SLF001
         valid = inputs.isdisjoint(drop_set)
@@ -291,7 +296,7 @@ class Segmenter:
                     valid = False
                     break
             else:
-                valid = not planning.stale_inputs(view, chain, inputs)
+                valid = not self._stale(walked, inputs)
         # what the recomputation allocates only while it runs (workspaces aside: per retimes)
         transient = [tensor[t] for t in written
                      if t not in drop_set and not alloc[t] <= slot < free[t]]
@@ -325,11 +330,18 @@ class Segmenter:
     def _rebuild_chain(self, start: int, stop: int, targets: set[int], slot: int
                        ) -> tuple[int, ...]:
         """planning.rebuild_chain(view, ops, targets, slot) for `ops` the forward ops
-        start..stop-1 in layer order (_fwd_ops; a segment's), over per-op tables built once
-        per view: what each op writes or updates in place, and of each read produced by a
-        forward op its producer's place in that order and its slots. (The DP's segment
-        shapes ask for thousands of chains, each a walk back over its segment's ops.)"""
+        start..stop-1 in layer order (_fwd_ops; a segment's): `_chain_walk`'s ops in that
+        order."""
         fwd_ops = self._fwd_ops()[0]
+        return tuple([fwd_ops[i] for i in reversed(self._chain_walk(start, stop, targets,
+                                                                     slot))])
+
+    def _chain_walk(self, start: int, stop: int, targets: set[int], slot: int) -> list[int]:
+        """The places (in _fwd_ops' order, last first) of the ops of `_rebuild_chain`, over
+        per-op tables built once per view: what each op writes or updates in place, and of
+        each read produced by a forward op its producer's place in that order and its slots.
+        (The DP's segment shapes ask for thousands of chains, each a walk back over its
+        segment's ops.)"""
         touch, mutates, reads = self._chain_tables()
         needed = set(targets)
         chosen: list[int] = []
@@ -337,14 +349,65 @@ class Segmenter:
         for i in range(stop - 1, start - 1, -1):
             if isdisjoint(touch[i]):
                 continue
-            chosen.append(fwd_ops[i])
+            chosen.append(i)
             m = mutates[i]
             if m is not None:
                 needed |= m
             for t, p, alloc, free in reads[i]:
                 if start <= p < stop and not alloc <= slot < free:
                     add(t)
-        return tuple(reversed(chosen))
+        return chosen
+
+    def _chain_sets(self) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
+        """Per forward op in layer order (_fwd_ops): what it writes and what it reads, as
+        frozen sets (memoised on the view)."""
+        got = self.view.memo.get("chain sets")
+        if got is None:
+            by_id = self.view.op
+            fwd_ops = self._fwd_ops()[0]
+            got = self.view.memo["chain sets"] = (
+                [frozenset(by_id[o].writes) for o in fwd_ops],
+                [frozenset(by_id[o].reads) for o in fwd_ops])
+        sets: tuple[list[frozenset[int]], list[frozenset[int]]] = got
+        return sets
+
+    def _stale(self, walked: list[int], inputs: set[int]) -> bool:
+        """Whether planning.stale_inputs(view, chain, inputs) finds any, for the chain of the
+        forward ops at places `walked` (_chain_walk): an input that a forward op updates in
+        place at or after the chain's first read of it, that first read found among the
+        input's forward readers in trace order (most inputs have no update: no pass then)."""
+        updates = self.view._updates  # noqa: SLF001  (planning.stale_inputs' table)
+        if updates.keys().isdisjoint(inputs):
+            return False
+        readers = self._updated_readers()
+        chosen = set(walked)
+        for t in inputs:
+            if t in updates:
+                last, by_pos = readers[t]
+                for p, i in by_pos:
+                    if i in chosen:  # the chain's first read of t
+                        if last >= p:
+                            return True
+                        break
+        return False
+
+    def _updated_readers(self) -> dict[int, tuple[int, list[tuple[int, int]]]]:
+        """Per tensor some forward op updates in place: the trace position of its last such
+        update, and its forward readers' (trace position, place in _fwd_ops' order), by
+        position (memoised on the view)."""
+        got = self.view.memo.get("updated readers")
+        if got is None:
+            view = self.view
+            pos, by_id, updates = view.pos, view.op, view._updates  # noqa: SLF001
+            by_t: dict[int, list[tuple[int, int]]] = {t: [] for t in updates}
+            for i, o in enumerate(self._fwd_ops()[0]):
+                for t in by_id[o].reads:
+                    if t in by_t:
+                        by_t[t].append((pos[o], i))
+            got = self.view.memo["updated readers"] = {
+                t: (pos[updates[t][-1]], sorted(rs)) for t, rs in by_t.items()}
+        readers: dict[int, tuple[int, list[tuple[int, int]]]] = got
+        return readers
 
     def _chain_tables(self) -> tuple[list[frozenset[int]], list[frozenset[int] | None],
                                      list[tuple[tuple[int, int, int, int], ...]]]:
@@ -484,7 +547,19 @@ class Segmenter:
         """The own peaks of the DP's segments `entries` (indices in _entry_keys' order), at
         once: while a segment's maps live, its own maps (_new_own_profile) plus `base` over its
         slots, with its recomputation's transient bytes (`trans`, per entry) at the
-        recomputation's slot; 0 for a segment with no slots."""
+        recomputation's slot; 0 for a segment with no slots. (In chunks of OWN_PROFILE_CHUNK
+        entries, each entry's peak its own: arrays over all of them were fresh pages for the
+        kernel to fault in on every derived row, a tenth of recompute optimal's planning in
+        system time on resnet152.)"""
+        top = np.zeros(len(entries), dtype=np.int64)
+        for i in range(0, len(entries), OWN_PROFILE_CHUNK):
+            top[i:i + OWN_PROFILE_CHUNK] = self._peaks_of(entries[i:i + OWN_PROFILE_CHUNK],
+                                                          trans, base)
+        return top
+
+    def _peaks_of(self, entries: list[int], trans: np.ndarray, base: np.ndarray
+                  ) -> np.ndarray:
+        """_peaks of some entries, in one pass."""
         slots, own, start, size, rc = self._entry_profiles()
         top = np.zeros(len(entries), dtype=np.int64)
         if not entries:
@@ -492,8 +567,9 @@ class Segmenter:
         e = np.array(entries, dtype=np.int64)
         lens = size[e]
         offs = np.cumsum(lens) - lens  # each entry's first value in `vals`
-        if len(e) == len(size):  # every entry, in order: the profiles as they lie
-            vals = own + base[slots]
+        if (np.diff(e) == 1).all():  # consecutive: their profiles as they lie
+            lo, hi = int(start[e[0]]), int(start[e[-1]] + lens[-1])
+            vals = own[lo:hi] + base[slots[lo:hi]]
         else:
             at = np.repeat(start[e] - offs, lens) + np.arange(int(lens.sum()), dtype=np.int64)
             vals = own[at] + base[slots[at]]
@@ -537,6 +613,27 @@ class Segmenter:
         mid = offs[stop - 1] - m0  # maps before the segment's last layer
         if (m1 <= m0).any():  # (no segment without maps: their profiles' min() would fail)
             raise ValueError("a DP segment holds no saved map")
+        # In chunks of OWN_PROFILE_CHUNK segments (independent of one another, concatenated in
+        # order: the same arrays): a pass over all of them at once made arrays of a million
+        # values, fresh pages the kernel faulted in (0.1 s of system time on resnet152), where
+        # a chunk's reuse the last one's memory
+        parts = [self._own_profiles_of(first[i:i + OWN_PROFILE_CHUNK],
+                                       stop[i:i + OWN_PROFILE_CHUNK], rc[i:i + OWN_PROFILE_CHUNK],
+                                       m0[i:i + OWN_PROFILE_CHUNK], m1[i:i + OWN_PROFILE_CHUNK],
+                                       mid[i:i + OWN_PROFILE_CHUNK])
+                 for i in range(0, n, OWN_PROFILE_CHUNK)]
+        q_at, prof, count, rc_at = (np.concatenate([p[j] for p in parts]) if parts else
+                                    np.zeros(0, dtype=np.int64) for j in range(4))
+        start = np.cumsum(count) - count
+        return q_at, prof, start, count, rc_at
+
+    def _own_profiles_of(self, first: np.ndarray, stop: np.ndarray, rc: np.ndarray,
+                         m0: np.ndarray, m1: np.ndarray, mid: np.ndarray
+                         ) -> tuple[np.ndarray, ...]:
+        """_own_profiles of the segments whose first and last-but-one layers, recomputation
+        slots, maps' range and maps before their last layer these are: their slots, the bytes
+        there, how many slots each, and its recomputation slot's index among them."""
+        n = len(first)
         alloc, free, size, drop_end = self.maps[1:]
 
         def ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -572,22 +669,24 @@ class Segmenter:
         has[q_k[q_at == rc[q_k]]] = True
         add = np.nonzero((rc >= 0) & ~has)[0]
         q_at, q_k = np.concatenate([q_at, rc[add]]), np.concatenate([q_k, add])
-        order = np.lexsort((q_at, q_k))
-        q_at, q_k = q_at[order], q_k[order]
-        # per slot: the sum of its segment's events at or before it
+        # sorted by (segment, slot), as one key (the pairs are distinct: any sort gives the
+        # same order)
         big = int(max(int(ev_at.max()), int(q_at.max()))) + 1
+        q_key = np.sort(q_k * big + q_at)
+        q_k = q_key // big
+        q_at = q_key - q_k * big
+        # per slot: the sum of its segment's events at or before it
         ev_key = ev_k * big + ev_at
         eorder = np.argsort(ev_key, kind="stable")
         ev_key = ev_key[eorder]
         cum = np.concatenate([[0], np.cumsum(ev_by[eorder])]).astype(np.int64)
-        upto = np.searchsorted(ev_key, q_k * big + q_at, side="right")
+        upto = np.searchsorted(ev_key, q_key, side="right")
         before = np.searchsorted(ev_key, np.arange(n, dtype=np.int64) * big, side="left")
         prof = cum[upto] - cum[before[q_k]]
         count = np.bincount(q_k, minlength=n).astype(np.int64)
         start = np.cumsum(count) - count
-        q_key = q_k * big + q_at
         rc_at = np.where(rc >= 0, np.searchsorted(q_key, np.arange(n) * big + rc) - start, -1)
-        return q_at, prof, start, count, rc_at.astype(np.int64)
+        return q_at, prof, count, rc_at.astype(np.int64)
 
     def _map_last_read(self) -> np.ndarray:
         """Per saved map in the layout's order (by producing layer), the last forward layer
