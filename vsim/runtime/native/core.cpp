@@ -579,6 +579,32 @@ class Core {
 
   // ------------------------------------------------ actions
 
+  // `dst` <- `src` on copy stream `on` once it has waited for the compute stream (and for
+  // `after`, where given), its end recorded in `ev` (`live` set), the block of `st` marked as
+  // used there; synchronous on the CPU. Returns the ns issuing the copy took.
+  int64_t copy(at::Tensor& dst, const at::Tensor& src, const std::optional<c10::Stream>& on,
+               std::optional<c10::Event>& ev, bool& live, const c10::Storage& st,
+               const c10::Event* after) {
+    if (!gpu) {
+      const auto tc = Clock::now();
+      dst.copy_(src);
+      return ns_since(tc);
+    }
+    wait_for(*on, *cs);
+    if (after != nullptr) after->block(*on);
+    int64_t ns;
+    {
+      c10::StreamGuard guard(*on);
+      const auto tc = Clock::now();
+      dst.copy_(src, pinned);
+      ns = ns_since(tc);
+    }
+    event(ev).record(*on);
+    live = true;
+    record_on(st, *on);
+    return ns;
+  }
+
   void offload(int64_t t, int64_t rel) {
     Tensor& x = T[t];
     if (x.state != DEVICE) {
@@ -592,23 +618,7 @@ class Core {
     const auto t0 = Clock::now();
     at::Tensor src = bytes_of(st);
     at::Tensor host = host_bytes(buf, off, n);
-    int64_t copy_ns;
-    if (gpu) {
-      wait_for(*d2h, *cs);
-      {
-        c10::StreamGuard guard(*d2h);
-        const auto tc = Clock::now();
-        host.copy_(src, pinned);
-        copy_ns = ns_since(tc);
-      }
-      event(x.out_ev).record(*d2h);
-      x.out_live = true;
-      record_on(st, *d2h);
-    } else {
-      const auto tc = Clock::now();
-      host.copy_(src);
-      copy_ns = ns_since(tc);
-    }
+    const int64_t copy_ns = copy(host, src, d2h, x.out_ev, x.out_live, st, nullptr);
     stats.copy_ns += copy_ns;
     stats.event_ns += ns_since(t0) - copy_ns;
     x.state = OFFLOADING;
@@ -667,24 +677,8 @@ class Core {
       throw;
     }
     at::Tensor dst = bytes_of(st);
-    int64_t copy_ns;
-    if (gpu) {
-      wait_for(*h2d, *cs);
-      if (x.out_live) x.out_ev->block(*h2d);
-      {
-        c10::StreamGuard guard(*h2d);
-        const auto tc = Clock::now();
-        dst.copy_(host, pinned);
-        copy_ns = ns_since(tc);
-      }
-      event(x.in_ev).record(*h2d);
-      x.in_live = true;
-      record_on(st, *h2d);
-    } else {
-      const auto tc = Clock::now();
-      dst.copy_(host);
-      copy_ns = ns_since(tc);
-    }
+    const int64_t copy_ns = copy(dst, host, h2d, x.in_ev, x.in_live, st, x.out_live ? &*x.out_ev
+                                                                                   : nullptr);
     stats.copy_ns += copy_ns;
     stats.event_ns += ns_since(t0) - copy_ns - (stats.alloc_ns - alloc_before);
     give_slot(t, false);
