@@ -118,7 +118,7 @@ def _native(*runs: dict) -> None:
         assert run["executed"]["tracker"] == "native", run["executed"]["tracker_note"]
 
 
-def _ab(monkeypatch, s, policy: str, cap: int, variable: str, a: str, b: str
+def _ab(monkeypatch, s, policy: str, cap: int | None, variable: str, a: str, b: str
         ) -> tuple[dict, dict]:
     """The case run with the environment's `variable` at `a`, then at `b`; both native."""
     runs = []
@@ -353,6 +353,20 @@ def transformer():
     return trace, Session("tiny-transformer", 4, trace, device="cpu", warmup=1)
 
 
+@pytest.mark.parametrize("policy", ["layrub", "superneurons"])
+def test_a_gated_backward_reaches_a_flagged_count_between_its_nodes(
+        transformer, monkeypatch, policy: str) -> None:
+    """The tiny transformer's plans act at a gradient sum the autograd engine makes between
+    nodes (its residual stream's): the node before it syncs the count at its end (counter.cpp's
+    GateSync), so backward is gated all the same, with the same actions and bitwise gradients
+    as counting every call."""
+    trace, s = transformer
+    ref, got = _ab(monkeypatch, s, policy, None, "VSIM_NATIVE_GATE", "off", "nodes")
+    ex = got["executed"]
+    assert ex["gated"], ex["gate_note"]
+    _fewer_calls_same_actions(ref, got)
+
+
 @pytest.mark.parametrize("policy", ["hybrid", "layrub", "superneurons",
                                     "recompute:strategy=sqrt", "vdnn:mode=all"])
 def test_a_gated_forward_skips_module_calls_without_actions_and_acts_the_same(
@@ -385,9 +399,10 @@ def test_the_forward_gate_chooses_the_outermost_calls_without_an_action() -> Non
     assert choose([(1, a, 3, 3), (2, b, -1, 5)], set()) == {}
 
 
-def test_a_flagged_count_between_backward_nodes_cannot_be_gated() -> None:
+def test_a_flagged_count_between_backward_nodes_is_reached_from_the_node_before() -> None:
     """A count the executor acts at that runs in backward outside every node (the engine's
-    own gradient sums between nodes) leaves the whole backward counted."""
+    own gradient sums, made after a node's post hooks) is reached by syncing the count where
+    the node that ended last before it ends; a second backward leaves the whole counted."""
     from vsim.runtime.native import gate
 
     cal = _cal(before=list(range(1, 9)), inside=[True] * 8, views=[False] * 8,
@@ -396,10 +411,15 @@ def test_a_flagged_count_between_backward_nodes_cannot_be_gated() -> None:
     cal.node_spans = [(2, 3), (3, 4), (5, 6), (-1, -1)]  # count 4 runs between nodes
     flags = bytearray(8)
     flags[5] = 1
-    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], [5], None)
+    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], [5], [-1] * 4, None)
     flags[4] = 2
-    starts, last, why = gate(cal, bytes(flags))
-    assert starts is None and last == [] and "counted call 4 (aten.c4)" in why
+    # node 1 ends at count 4: its end syncs the count there (and turns the key on)
+    assert gate(cal, bytes(flags)) == ([-1, -1, 5, -1], [5], [-1, 4, -1, -1], None)
+    cal.node_spans = [(-1, -1), (3, 4), (5, 6), (-1, -1)]
+    flags = bytearray(8)
+    flags[2] = 2  # before any node ended
+    starts, last, sync, why = gate(cal, bytes(flags))
+    assert starts is None and last == [] and "counted call 2 (aten.c2)" in why
     cal.backwards = 1
     assert gate(cal, bytes(8))[0] is None
 

@@ -339,7 +339,7 @@ class NativeRuns:
         if self.native_gate == "nodes":
             self.gate_note = tg.gate_note
             if tg.gate is not None:
-                nat.arm_gate(tg.gate, cal.after_backward)
+                nat.arm_gate(tg.gate, cal.after_backward, tg.gate_sync)
         gate = self._forward_gate(tg)
         if self.core is not None:  # outputs registered and ops advanced in C++ (core.cpp)
             if self._core_tg is not tg:

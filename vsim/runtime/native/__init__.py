@@ -205,6 +205,9 @@ class Targets:
     # backward's gate (counter.cpp's Gate): per node its first count where it holds a count
     # with a flag, else -1; None where backward cannot be gated (`gate_note` says why)
     gate: list[int] | None = None
+    # per node, the count its end syncs to where a flagged count follows it outside every
+    # node, else -1
+    gate_sync: list[int] = field(default_factory=list)
     gate_note: str | None = None
     # forward's module calls to gate (vsim.runtime.fwdgate.choose; None: not asked for)
     forward: Any = None
@@ -335,7 +338,7 @@ def targets(cal: Calibration, boundary_calls: list[int],
                              f"{python_name(cal.names[c])} nor saved for backward within it, "
                              "nor an output of a frame of its own")
     _frame_targets(cal, flags, out, watched)
-    out.gate, last, out.gate_note = gate(cal, bytes(flags))
+    out.gate, last, out.gate_sync, out.gate_note = gate(cal, bytes(flags))
     for c in last:
         flags[c] |= 16
     out.flags = bytes(flags)
@@ -343,33 +346,44 @@ def targets(cal: Calibration, boundary_calls: list[int],
 
 
 def gate(cal: Calibration, flags: bytes
-         ) -> tuple[list[int] | None, list[int], str | None]:
+         ) -> tuple[list[int] | None, list[int], list[int], str | None]:
     """Backward's nodes to count in (counter.cpp's Gate): those that hold a count with a flag,
     each from its first count, and each one's last flagged count, after which it runs without
-    the tracker too (OFF); every other node runs without it. (None, [], why) where a flagged
-    count of backward lies outside every node (the engine's own gradient sums between nodes),
-    or the step's backward is not one walk of one graph."""
+    the tracker too (OFF); every other node runs without it. A flagged count outside every
+    node (the engine's own gradient sums, which it makes after a node's post hooks, still in
+    that node's task) is reached by syncing the count where the node before it ends: per node,
+    the count its post hook sets (calibration's count at its end), else -1. (None, [], [],
+    why) where no node ends before such a count, or the step's backward is not one walk of
+    one graph."""
     if cal.backward_at < 0 or cal.after_backward < 0 or not cal.node_spans:
-        return None, [], "no backward, or no counted call after it"
+        return None, [], [], "no backward, or no counted call after it"
     if cal.backwards:
-        return None, [], f"the step ran {cal.backwards + 1} backwards"
+        return None, [], [], f"the step ran {cal.backwards + 1} backwards"
     from bisect import bisect_right
 
     root_end = cal.node_spans[0][1]
     spans = sorted((a, b, i) for i, (a, b) in enumerate(cal.node_spans) if i > 0 and a >= 0)
     starts = [a for a, _, _ in spans]
+    ends = sorted((b, i) for i, (a, b) in enumerate(cal.node_spans) if a >= 0 and b >= 0)
+    end_at = [b for b, _ in ends]
     start = [-1] * len(cal.node_spans)
+    sync = [-1] * len(cal.node_spans)
     last: dict[int, int] = {}  # gated node -> its last flagged count (counts ascend)
     for c in range(cal.backward_at, cal.after_backward):
         if not flags[c] or c < root_end:
             continue  # backward's root counts on from where the walk began
         j = bisect_right(starts, c) - 1
         if j < 0 or not spans[j][0] <= c < spans[j][1]:
-            return None, [], (f"counted call {c} ({python_name(cal.names[c])}), where the "
-                              "executor acts, runs in backward outside every node")
+            k = bisect_right(end_at, c) - 1  # the node that ended last before it
+            if k < 0:
+                return None, [], [], (f"counted call {c} ({python_name(cal.names[c])}), where "
+                                      "the executor acts, runs in backward outside every "
+                                      "node, before any node ended")
+            sync[ends[k][1]] = ends[k][0]
+            continue
         start[spans[j][2]] = spans[j][0]
         last[spans[j][2]] = c
-    return start, sorted(last.values()), None
+    return start, sorted(last.values()), sync, None
 
 
 def _own_frame(cal: Calibration, k: int) -> tuple[int, int] | None:

@@ -497,6 +497,7 @@ struct Gate {
   bool armed = false;
   bool active = false;                // this iteration gates its backward
   std::vector<int64_t> start;         // armed: per node, its first count where gated, else -1
+  std::vector<int64_t> sync;          // armed: per node, the count its end syncs to, else -1
   int64_t after = -1;                 // armed: calibration's count after backward
   int64_t through = 0;                // calls through the key this iteration
   // calibrating: each node's (first count, count after), -1 where it did not run
@@ -527,6 +528,22 @@ struct SpanPost : torch::autograd::FunctionPostHook {
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& out,
                                             const torch::autograd::variable_list&) override {
     if (i < G.spans.size()) G.spans[i].second = S.count;
+    return out;
+  }
+};
+
+// A node followed by a flagged count outside every node (the engine's gradient sums, made
+// after the node's post hooks in its task): at its end the count is calibration's there and
+// the key on, whether the node ran counted or not, so those sums are counted as calibrated.
+struct GateSync : torch::autograd::FunctionPostHook {
+  size_t i;
+  explicit GateSync(size_t i) : i(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& out,
+                                            const torch::autograd::variable_list&) override {
+    if (G.active && i < G.sync.size() && G.sync[i] >= 0) {
+      S.count = G.sync[i];
+      c10::impl::tls_set_dispatch_key_included(KEY, true);
+    }
     return out;
   }
 };
@@ -571,8 +588,11 @@ void gate_at_call() {
     }
     G.active = static_cast<int64_t>(order.size()) == G.nodes;
     if (G.active)
-      for (size_t i = 1; i < order.size(); ++i)
-        order[i]->add_pre_hook(std::make_unique<GatePre>(i));
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (i > 0) order[i]->add_pre_hook(std::make_unique<GatePre>(i));
+        if (i < G.sync.size() && G.sync[i] >= 0)
+          order[i]->add_post_hook(std::make_unique<GateSync>(i));
+      }
   } else if (G.phase == 1) {
     if (node) return;
     G.phase = 2;
@@ -768,9 +788,10 @@ void do_arm(py::bytes flags, std::unordered_map<int64_t, std::string> expect, py
 
 // Gate backward's nodes (see Gate): per node (walk order) its first count where it holds a
 // call the executor acts at, else -1; calibration's count after backward.
-void do_arm_gate(std::vector<int64_t> start, int64_t after) {
+void do_arm_gate(std::vector<int64_t> start, int64_t after, std::vector<int64_t> sync) {
   G.nodes = static_cast<int64_t>(start.size());
   G.start = std::move(start);
+  G.sync = std::move(sync);
   G.after = after;
   G.armed = true;
 }
@@ -794,6 +815,7 @@ void do_disarm() {
   G.armed = false;
   G.active = false;
   G.start.clear();
+  G.sync.clear();
   S.frame_flags.clear();
   S.frame_count.clear();
   S.frame_expect.clear();
@@ -933,7 +955,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("disarm", &do_disarm);
   m.def("diverged", &do_diverged);
   m.def("arm_gate", &do_arm_gate, "gate backward's nodes: per node its first count or -1; "
-        "the count after backward");
+        "the count after backward; per node the count its end syncs to or -1");
   m.def("nodes", &do_nodes, "calibration: per node (first count, count after), backward's "
         "first count, the count after it, further backwards");
   m.def("frame_calls", &do_frame_calls, "(frame call backs, ns in them) this iteration");
