@@ -175,8 +175,9 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
                 if chosen.plan is not plan:
                     result = run_plan(trace, hw, chosen.plan, allocator, capacity,
                                       label=policy.spec(), **options)
-                    result.report["notes"] += [n for n in chosen.report["notes"]
-                                               if n not in result.report["notes"]]
+                # the margin's and the draws' notes, as where the plan was judged
+                result.report["notes"] += [n for n in chosen.report["notes"]
+                                           if n not in result.report["notes"]]
                 if "timing_draws" in chosen.report:
                     result.report["timing_draws"] = {
                         **chosen.report["timing_draws"], "under_tracker": plan_tracker}

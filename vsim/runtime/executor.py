@@ -248,7 +248,7 @@ class Executor(Recomputation, NativeRuns):
     def _make_core(self, index: PlanIndex) -> Any:
         """The plan in C++ (native/core.cpp), or None where the extension is not built or
         `VSIM_NATIVE_CORE=0`. Actions are added in the order the Python methods take them."""
-        if self.act is None or not core_available():
+        if not core_available():
             return None
         ref = weakref.ref(self)  # the core holds the hook: no cycle through C++
 
@@ -294,15 +294,11 @@ class Executor(Recomputation, NativeRuns):
         (1), its squeeze once its start's actions are done (2), the squeeze's end (4)."""
         try:
             if phase == 1:
-                for rc in self.recompute_before.get(op, ()):
-                    t0 = time.perf_counter()
-                    self._recompute(rc)
-                    self.stats.recompute_us += (time.perf_counter() - t0) * 1e6
+                self._recompute_before(op)
             elif phase == 2:
-                if self.iterations == 0 and self.gpu:
-                    self._squeeze(op)
-            elif self.squeezing is not None and self.squeezing[0] == op:
-                self._unsqueeze()
+                self._squeeze_at(op)
+            else:
+                self._unsqueeze_at(op)
         except BaseException as exc:
             if self.tracker_used == "native":
                 self._native_exc = exc  # raised again where the step returns (nativerun)
@@ -552,20 +548,33 @@ class Executor(Recomputation, NativeRuns):
                     self.stats.event_us += self.act.wait_event(ev, self.cs) / 1e3
                 else:
                     self.cs.wait_event(ev)
-        for rc in self.recompute_before.get(op, ()):
-            t0 = time.perf_counter()
-            self._recompute(rc)
-            self.stats.recompute_us += (time.perf_counter() - t0) * 1e6
+        self._recompute_before(op)
         for off in self.offload_at.get(op, ()):
             self._offload(off)
         # Last, once what the op's actions allocate (prefetch targets, recomputed tensors) is
         # held: the cap leaves room for the op's own results only.
-        if op in self.squeeze_ops and self.iterations == 0 and self.gpu:
+        if op in self.squeeze_ops:
+            self._squeeze_at(op)
+
+    def _recompute_before(self, op: int) -> None:
+        """The recomputations before op `op`, timed as `recompute_us`."""
+        for rc in self.recompute_before.get(op, ()):
+            t0 = time.perf_counter()
+            self._recompute(rc)
+            self.stats.recompute_us += (time.perf_counter() - t0) * 1e6
+
+    def _squeeze_at(self, op: int) -> None:
+        """Squeeze workspace-free op `op` in the executor's first iteration, on a GPU."""
+        if self.iterations == 0 and self.gpu:
             self._squeeze(op)
 
-    def _end(self, op: int) -> None:
+    def _unsqueeze_at(self, op: int) -> None:
+        """The squeeze's end, where op `op` ran squeezed."""
         if self.squeezing is not None and self.squeezing[0] == op:
             self._unsqueeze()
+
+    def _end(self, op: int) -> None:
+        self._unsqueeze_at(op)
         for off in self.offload_after.get(op, ()):
             self._offload(off)
         for t in self.pending_release.pop(op, ()):

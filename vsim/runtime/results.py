@@ -191,7 +191,7 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "unlocated_tensors": ex.unlocated, "host_buffers_allocated_bytes": ex.host_allocated,
             "iterations": ex.iterations, "tracker": stats.tracker,
             # the plan carried out in C++ (native/core.cpp) or by the Python methods (key
-            # from 2026-11-27, eighteenth session; absent: Python)
+            # from 2026-11-27, seventeenth session; absent: Python)
             "executor_core": "native" if ex.core is not None else "python",
             "tracker_note": ex.tracker_note,
             # the native tracker's saved-tensor hooks (vsim.runtime.nativerun): runs before
