@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace vsim_actions {
 
@@ -61,6 +62,20 @@ inline void wait_for(const c10::Stream& waiter, const c10::Stream& other) {
   if (!e) e = std::make_unique<c10::Event>(other.device_type());
   e->record(other);
   e->block(waiter);
+}
+
+// An operator's returned value's leaves as Python's pytree gives them (vsim.runtime's
+// _leaves: lists and tuples flattened, anything else a leaf), appended to `out`.
+inline void leaves_of(const c10::IValue& v, std::vector<c10::IValue>& out) {
+  if (v.isTensorList()) {
+    for (const at::Tensor& x : v.toTensorList()) out.emplace_back(x);
+  } else if (v.isList()) {
+    for (const c10::IValue& x : v.toListRef()) leaves_of(x, out);
+  } else if (v.isTuple()) {
+    for (const c10::IValue& x : v.toTupleRef().elements()) leaves_of(x, out);
+  } else {
+    out.push_back(v);
+  }
 }
 
 inline void record_on(const c10::Storage& st, const c10::Stream& stream) {

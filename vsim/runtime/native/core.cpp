@@ -91,6 +91,13 @@ struct Compiled {
 };
 #endif
 
+// The time until the end of its scope added to `ns`, however the scope ends.
+struct AddTime {
+  int64_t& ns;
+  Clock::time_point t0 = Clock::now();
+  ~AddTime() { ns += ns_since(t0); }
+};
+
 struct Stats {
   int64_t offloads = 0, prefetches = 0, drops = 0, releases = 0, syncs = 0;
   int64_t recomputed_calls = 0, inplace_rerun = 0, recompute_ns = 0, replay_call_ns = 0;
@@ -225,12 +232,7 @@ class Core {
 
   // Every op before `op` has been launched: end them, start the ones in between and `op`.
   void advance(int64_t op) {
-    const auto t0 = Clock::now();
-    struct Add {  // host_ns counted where an action raises too
-      int64_t& ns;
-      Clock::time_point t0;
-      ~Add() { ns += ns_since(t0); }
-    } add{stats.host_ns, t0};
+    AddTime add{stats.host_ns};  // counted where an action raises too
     const int64_t last = std::min<int64_t>(op, static_cast<int64_t>(ops.size()) - 1);
     while (cur < last) {
       if (cur >= 0) end(cur);
@@ -414,12 +416,7 @@ class Core {
   // recompute.py's _replay_compiled for each: the targets must be the ones it was compiled
   // with (the plan's drops repeat)
   void replay(const std::vector<Compiled>& progs) {
-    const auto t0 = Clock::now();
-    struct Add {
-      int64_t& ns;
-      Clock::time_point t0;
-      ~Add() { ns += ns_since(t0); }
-    } add{stats.recompute_ns, t0};
+    AddTime add{stats.recompute_ns};
     for (const Compiled& c : progs) {
       std::vector<int64_t> now;
       std::vector<std::pair<c10::StorageImpl*, int64_t>> tg;
@@ -711,24 +708,12 @@ class Core {
 
   // ------------------------------------------------ outputs
 
-  static void flatten(const c10::IValue& v, std::vector<c10::IValue>& out) {
-    if (v.isTensorList()) {
-      for (const at::Tensor& x : v.toTensorList()) out.emplace_back(x);
-    } else if (v.isList()) {
-      for (const c10::IValue& x : v.toListRef()) flatten(x, out);
-    } else if (v.isTuple()) {
-      for (const c10::IValue& x : v.toTupleRef().elements()) flatten(x, out);
-    } else {
-      out.push_back(v);
-    }
-  }
-
   // the outputs of the call on `stack` as the Python executor's _leaves sees them
   void register_outputs(const std::vector<std::pair<int64_t, int64_t>>& pairs,
                         const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t n = op.schema().returns().size();
     std::vector<c10::IValue> leaves;
-    for (size_t i = 0; i < n; ++i) flatten((*stack)[stack->size() - n + i], leaves);
+    for (size_t i = 0; i < n; ++i) leaves_of((*stack)[stack->size() - n + i], leaves);
     for (auto [j, t] : pairs) {
       if (j < 0 || j >= static_cast<int64_t>(leaves.size()) || !leaves[j].isTensor())
         throw std::runtime_error("vsim executor: output " + std::to_string(j) + " of " +

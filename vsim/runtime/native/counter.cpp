@@ -147,21 +147,23 @@ void expect_name(const c10::OperatorHandle& op, const std::string& want, const s
 // Runs `call` (a call into Python) as the executor's own: uncounted, the key excluded for what
 // it dispatches, the GIL held. A Python exception stops the dispatch; the Python side keeps it
 // (vsim.runtime.nativerun) and raises it again where the step returns.
+// The count paused while the executor's own work runs, resumed as it was however it ends.
+struct Paused {
+  bool was = S.paused;
+  Paused() { S.paused = true; }
+  ~Paused() { S.paused = was; }
+};
+
 template <typename F>
 void in_python(F&& call) {
-  bool was = S.paused;
-  S.paused = true;
-  {
-    c10::impl::ExcludeDispatchKeyGuard own(KEY);
-    py::gil_scoped_acquire gil;
-    try {
-      call();
-    } catch (py::error_already_set& e) {
-      S.paused = was;
-      throw std::runtime_error(std::string("vsim native tracker: callback raised: ") + e.what());
-    }
+  Paused paused;
+  c10::impl::ExcludeDispatchKeyGuard own(KEY);
+  py::gil_scoped_acquire gil;
+  try {
+    call();
+  } catch (py::error_already_set& e) {
+    throw std::runtime_error(std::string("vsim native tracker: callback raised: ") + e.what());
   }
-  S.paused = was;
 }
 
 // call backs at counts this iteration and the nanoseconds they took: the crossing into Python
@@ -187,24 +189,18 @@ struct Timed {
 // runs there; a Python exception there stops the dispatch as in in_python.
 template <typename F>
 void in_core(F&& call) {
-  bool was = S.paused;
-  S.paused = true;
+  Paused paused;
+  c10::impl::ExcludeDispatchKeyGuard own(KEY);
   try {
-    c10::impl::ExcludeDispatchKeyGuard own(KEY);
     call();
   } catch (py::error_already_set& e) {
-    S.paused = was;
     std::string what;
     {
       py::gil_scoped_acquire gil;
       what = e.what();
     }
     throw std::runtime_error("vsim native tracker: callback raised: " + what);
-  } catch (...) {
-    S.paused = was;
-    throw;
   }
-  S.paused = was;
 }
 
 void call_back(int64_t c, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool post) {

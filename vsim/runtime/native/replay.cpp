@@ -11,6 +11,8 @@
 // arguments (tensors weakly: a capture must not keep an activation alive) and RNG state, and
 // run the programs here without Python.
 
+#include "actions.h"
+
 #include <torch/extension.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -81,11 +83,8 @@ void clear() {
   CS = Stats();
 }
 
-using Clock = std::chrono::steady_clock;
-
-int64_t ns_since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-}
+using vsim_actions::Clock;  // actions.h
+using vsim_actions::ns_since;
 
 at::Tensor rng_now() {
   if (!rng_device) return at::Tensor();
@@ -316,15 +315,7 @@ std::vector<int> run(const Program& p,
     if (s.random) set_rng(saved);
     // the outputs' leaves, in the order Python's _leaves gives them (lists flattened)
     std::vector<c10::IValue> leaves;
-    for (const auto& v : stack) {
-      if (v.isTensorList()) {
-        for (const at::Tensor& x : v.toTensorVector()) leaves.emplace_back(x);
-      } else if (v.isList()) {
-        for (const auto& e : v.toListRef()) leaves.push_back(e);
-      } else {
-        leaves.push_back(v);
-      }
-    }
+    for (const auto& v : stack) vsim_actions::leaves_of(v, leaves);
     for (const OutPlan& o : s.outs) {
       if (o.leaf >= static_cast<int>(leaves.size()) || !leaves[o.leaf].isTensor())
         fail(s.what + ": output " + std::to_string(o.leaf) + " is not a tensor");
