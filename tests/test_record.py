@@ -53,6 +53,22 @@ def test_unknown_model_lists_known_ones() -> None:
         build_model("tiny-mlp", 0, "cpu")
 
 
+def test_depth_the_zoo_cannot_build_goes_to_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
+    # resnet18/34 are torchvision's basic-block ResNets, not the zoo's bottleneck depths
+    from torch import nn
+
+    from vsim.record import zoo
+    built = []
+    monkeypatch.setattr(zoo, "_torchvision_has", lambda name: name in ("resnet34", "vgg13_bn"))
+    monkeypatch.setattr(zoo, "_torchvision", lambda name, batch, device: (
+        built.append(name) or nn.Linear(2, 2), (torch.zeros(batch, 2), torch.zeros(batch)),
+        nn.MSELoss()))
+    build_model("resnet34", 2, "cpu")
+    assert built == ["resnet34"]
+    with pytest.raises(ConfigError, match="no ResNet-51"):  # torchvision has no resnet51
+        build_model("resnet51", 2, "cpu")
+
+
 def _params_mib(name: str) -> float:
     with torch.device("meta"):
         model, _, _ = build_model(name, 1, "meta")

@@ -395,12 +395,16 @@ def _builtin(name: str, batch: int, device: Any) -> tuple[nn.Module, tuple[Any, 
         return overfeat(), _images(batch, 231, device), ce
     if name == "googlenet":
         return googlenet(), _images(batch, 224, device), ce
-    m = re.fullmatch(r"vgg(\d+)", name)
+    m = re.fullmatch(r"vgg(\d+)|resnet-?(\d+)", name)
     if m:
-        return vgg(int(m.group(1))), _images(batch, 224, device), ce
-    m = re.fullmatch(r"resnet-?(\d+)", name)
-    if m:
-        return ResNet(resnet_stages(int(m.group(1)))), _images(batch, 224, device), ce
+        try:
+            model = vgg(int(m.group(1))) if m.group(1) else \
+                ResNet(resnet_stages(int(m.group(2))))
+        except ConfigError:
+            if _torchvision_has(name):  # resnet18/34: torchvision's basic-block ResNets
+                raise KeyError(name) from None
+            raise
+        return model, _images(batch, 224, device), ce
     if name == "gpt2-encoder":
         return (Encoder(50257, 512, 768, 12, 12), _tokens(batch, 512, 50257, device),
                 TokenLoss())
