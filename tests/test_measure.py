@@ -70,6 +70,9 @@ def test_every_policy_trains_exactly_as_without_it(cnn, spec: str) -> None:
     assert result["fits"] and len(result["iteration_times_us"]) == 2
     # the collector's host time, per measured iteration (a gc callback; none if it never ran)
     assert len(result["collector_us"]) == 2 and min(result["collector_us"]) >= 0
+    # the process's CPU time while each measured iteration was issued (the CPU step works)
+    use = result["host_use"]
+    assert len(use["issue_cpu_us"]) == 2 and min(use["issue_cpu_us"]) > 0
     kinds = {type(a) for a in plan.actions}
     if spec != "none":
         assert plan.actions, f"{spec} planned nothing at {capacity} B"

@@ -163,6 +163,9 @@ def test_cnn_trace_structure(cnn: Trace, tmp_path: Path) -> None:
     assert t.meta["source"] == "measured" and t.meta["model"] == "tiny-cnn"
     assert t.meta["batch_size"] == 2 and t.meta["device"] == "cpu"
     assert t.meta["recorder"] == "vsim-record 0.1" and t.meta["join"]["structure_only"] == 0
+    # the core's speed probe before each measured iteration (validation/host/noise/host-use/)
+    probes = t.meta["measured_speed_probe_us"]
+    assert len(probes) == len(t.meta["measured_iteration_times_us"]) and min(probes) > 0
 
 
 def test_cnn_saved_activations_are_read_by_backward(cnn: Trace) -> None:

@@ -32,6 +32,23 @@ WIDTH = 64
 REPEATS = 25
 
 
+SPIN = 20_000  # the speed probe's loop: about 1 ms of interpreter work on the lent hosts
+
+
+def speed_probe_us() -> float:
+    """The wall time of a fixed pure-Python loop: how fast this core runs interpreter work at
+    this moment (best of three, to skip an interruption). Taken just before an iteration, it
+    asks whether an iteration's host time follows the core's speed of the moment."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(SPIN):
+            x += i & 7
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1e6, 2)
+
+
 def _net(device: torch.device) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH), nn.GELU())

@@ -54,7 +54,7 @@ from .assemble import (
 )
 from .dispatchlog import DispatchLog, ProfilerRange, marker, storage_bytes, tensor_addr
 from .hf import default_seq, is_hf
-from .hostprobe import probe_host
+from .hostprobe import probe_host, speed_probe_us
 from .module_types import module_type
 from .step import TrainingStep, check_choice, training_step
 
@@ -136,6 +136,7 @@ class Recorder:
                          + ["timing"] * (timing_iters + 1))
         self.pos = -1
         self.times_us: list[float] = []
+        self.speed_us: list[float] = []  # the core's speed of the moment, before each
         self.peaks_allocated: list[int] = []
         self.peaks_reserved: list[int] = []
         self.log = StructureLog(device_type=1 if self.gpu else 0)
@@ -203,6 +204,7 @@ class Recorder:
             self._sync()
             if self.gpu:
                 torch.cuda.reset_peak_memory_stats(self.device)
+            self.speed_us.append(speed_probe_us())
             self._t0 = time.perf_counter()
         elif phase == "structure":
             self.begin_structure()
@@ -527,6 +529,9 @@ class Recorder:
                            "measured": self.schedule.count("measure"),
                            "timing": self.schedule.count("timing") - 1},
             "measured_iteration_times_us": [round(t, 3) for t in self.times_us],
+            # vsim.record.hostprobe.speed_probe_us before each: host-bound iterations follow it
+            # (validation/host/noise/host-use/)
+            "measured_speed_probe_us": self.speed_us,
             "measured_peaks_allocated_bytes": list(self.peaks_allocated),
             "measured_peaks_reserved_bytes": list(self.peaks_reserved),
             "timing_pass": ("CUDA activity only, iterations delimited by a spin kernel, kernels "

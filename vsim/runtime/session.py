@@ -27,6 +27,7 @@ from ..record.step import StepConfig, TrainingStep, set_tf32, step_config
 from ..trace.schema import Trace
 from .executor import Executor, ExecutorError, IterationStats, PinnedPool, core_available
 from .hostmem import process_pool
+from .hostuse import HostUse
 from .nativerun import NativeDivergence, native_gate, native_saved
 from .opmap import OpMap, map_ops
 from .results import (
@@ -423,6 +424,7 @@ class Session:
         churn: dict[str, int] = {}     # their growth over the measured iterations
         gc_clock = CollectorClock()
         gc_per_iteration: list[float] = []  # the collector's host time in each measured one
+        host_use = HostUse()  # the process's CPU time while each measured one was issued
         gc.callbacks.append(gc_clock)
         try:
             for i in range(warmup + iters + (1 if last is not None else 0)):
@@ -433,12 +435,14 @@ class Session:
                 if i == warmup and self.gpu:
                     counters = allocator_counters(self.device)
                 prof = kernel_profiler() if i == last else None
+                host_use.start()
                 t0 = time.perf_counter()
                 if ex is not None:
                     stats = self._iteration(ex, notes)
                 else:
                     self.step()
                 t_issued = time.perf_counter()
+                host_use.issued(i >= warmup and i != last)
                 self._sync()
                 dt = (time.perf_counter() - t0) * 1e6
                 if prof is not None:
@@ -512,6 +516,10 @@ class Session:
             # Python's cyclic collector inside each measured iteration (host time): 0.1-3 ms
             # on the H100 and not what makes host-bound runs vary (validation/README.md)
             "collector_us": [round(t, 1) for t in gc_per_iteration],
+            # the process's CPU time while each was issued, its involuntary context switches,
+            # the machine's steal time (vsim.runtime.hostuse): a slow host-bound iteration
+            # whose CPU time stayed was off the CPU, one whose CPU time grew ran on a slower one
+            "host_use": host_use.summary(),
             "peak_allocated_bytes": (int(statistics.median_low(peaks_a))
                                      if fits and peaks_a else None),
             "peak_reserved_bytes": (int(statistics.median_low(peaks_r))

@@ -1,0 +1,85 @@
+"""Where the host's time went while an iteration was issued: the process's own CPU time (all
+its threads: the autograd engine issues backward from a thread of its own), its involuntary
+context switches, and the machine's steal time.
+
+Why: on the lent machines the same plan's host-bound iterations take 40 ms in one second and
+100 ms the next, in one process (validation/host/README.md, "Host speed is noisy"). If the
+process's CPU time follows the wall time, the CPU itself ran slower (its clock, or neighbours on
+its caches); if it stays while the wall time grows, the process was off the CPU (descheduled,
+or a hypervisor's steal). Only the measurement is recorded here: nothing is scaled by it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
+from ..record.hostprobe import speed_probe_us
+
+
+def _steal_ticks() -> int | None:
+    """The machine's steal time so far, in clock ticks summed over its CPUs (Linux's
+    /proc/stat: cpu user nice system idle iowait irq softirq steal ...); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) if fields and fields[0] == "cpu" else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _switches() -> int | None:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw if resource is not None else None
+
+
+class HostUse:
+    """`start()` before an iteration's step (the speed probe first), `issued()` when the step
+    returns (before the final sync, whose wait would count as CPU time where the driver
+    spins); the measured iterations' figures accumulate in `cpu_us`, `speed_us` and
+    `switches`, and `steal_us()` gives the machine's steal per CPU since the first
+    `start()`."""
+
+    def __init__(self) -> None:
+        self.cpu_us: list[float] = []
+        self.switches: list[int] = []
+        self.speed_us: list[float] = []
+        self._speed = 0.0
+        self._cpu0 = 0.0
+        self._sw0: int | None = None
+        self._steal0: int | None = None
+        self._first = True
+
+    def start(self) -> None:
+        self._speed = speed_probe_us()
+        if self._first:
+            self._steal0 = _steal_ticks()
+            self._first = False
+        self._sw0 = _switches()
+        self._cpu0 = time.process_time()
+
+    def issued(self, keep: bool) -> None:
+        cpu = (time.process_time() - self._cpu0) * 1e6
+        sw = _switches()
+        if keep:
+            self.cpu_us.append(round(cpu, 1))
+            self.speed_us.append(self._speed)
+            if sw is not None and self._sw0 is not None:
+                self.switches.append(sw - self._sw0)
+
+    def steal_us(self) -> float | None:
+        now = _steal_ticks()
+        if now is None or self._steal0 is None:
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        return round((now - self._steal0) / hz * 1e6 / (os.cpu_count() or 1), 1)
+
+    def summary(self) -> dict[str, Any]:
+        return {"issue_cpu_us": self.cpu_us, "speed_probe_us": self.speed_us,
+                "involuntary_switches": self.switches or None,
+                "steal_us_per_cpu": self.steal_us()}
