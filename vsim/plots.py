@@ -175,7 +175,7 @@ def _plot_verdicts(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.legend([bars[predicted_fit.index(v)] for v in (True, False) if v in predicted_fit],
               [label for v, label in ((True, "predicted: fits"),
                                       (False, "predicted: out of memory"))
-               if v in predicted_fit], fontsize=8, loc="center left")
+               if v in predicted_fit], fontsize=8, loc="upper left")
     for j, i in enumerate(shown):
         ax.text(j, share[j] + 0.02, f"{fit[i]}/{runs[i]}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(shown)), [groups[i] for i in shown], fontsize=8)
