@@ -39,7 +39,8 @@ def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys
                                   abs(4000 - 4096) / 4096), "fits_correct": 1, "ok": 0,
                               "plans_changed": 0, "with_repeats": 0,
                               "median_repeat_spread": None, "time_within_repeats": 0,
-                              "cases_run_repeatedly": 0, "runs_disagree_on_fit": 0}
+                              "cases_run_repeatedly": 0, "runs_disagree_on_fit": 0,
+                              "at_recorded_speed": None}
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -111,6 +112,27 @@ def test_repeat_spread_is_the_runs_own_variation():
     assert repeat_spread({"fits": True, "iteration_times_us": [1.0, 2.0]}) is None
     assert repeat_spread({"fits": False, "iteration_times_us": [1.0, 2.0, 3.0]}) is None
     assert repeat_spread({"fits": True}) is None
+
+
+def test_time_at_recorded_speed_keeps_the_iterations_at_the_traces_core_speed():
+    from vsim.validate import pool_runs, time_at_recorded_speed
+
+    meta = {"measured_speed_probe_us": [700.0, 690.0, 1400.0, 710.0]}  # median 705
+    fast_slow = {"fits": True, "iteration_times_us": [60.0, 95.0, 62.0, 98.0, 61.0],
+                 "host_use": {"speed_probe_us": [680.0, 1390.0, 720.0, 1420.0, 700.0]}}
+    got = time_at_recorded_speed(fast_slow, meta)
+    assert got == {"iteration_time_us": 61.0, "iterations": 3, "probe_us": 705.0}
+    # a run in the other state throughout, a trace or a run without probes: nothing to compare
+    slow = {**fast_slow, "host_use": {"speed_probe_us": [1400.0] * 5}}
+    assert time_at_recorded_speed(slow, meta) is None
+    assert time_at_recorded_speed(fast_slow, {}) is None
+    assert time_at_recorded_speed({"fits": True, "iteration_times_us": [1.0] * 3}, meta) is None
+    # runs pooled carry their probes in the iterations' order; one without drops them all
+    pooled = pool_runs([fast_slow, slow])
+    assert pooled["speed_probes_us"][:5] == fast_slow["host_use"]["speed_probe_us"]
+    assert time_at_recorded_speed(pooled, meta)["iterations"] == 3
+    assert pool_runs([fast_slow, {"fits": True, "iteration_times_us": [5.0]}])[
+        "speed_probes_us"] is None
 
 
 def _runs(tmp_path, *runs):

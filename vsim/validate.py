@@ -209,10 +209,55 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                              [r.get("iteration_time_us")]) if t is not None]
     out["iteration_times_us"] = times
     out["iteration_time_us"] = statistics.median(times) if times else None
+    # the speed probe before each iteration, where every fitting run has one per iteration
+    probes = [_speed_probes(r) for r in fit]
+    out["speed_probes_us"] = ([p for run in probes for p in run]  # type: ignore[union-attr]
+                              if fit and all(p is not None for p in probes) else None)
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
         vals = [float(r[key]) for r in fit if r.get(key) is not None]
         out[key] = statistics.median(vals) if vals else None
     return out
+
+
+def _speed_probes(run: dict[str, Any]) -> list[float] | None:
+    """A run's speed probe per measured iteration (vsim.runtime.hostuse), None if it has
+    none or not one per iteration."""
+    use = run.get("host_use")
+    probes = use.get("speed_probe_us") if isinstance(use, dict) else None
+    times = run.get("iteration_times_us")
+    if not isinstance(probes, list) or not isinstance(times, list) or not probes \
+            or len(probes) != len(times):
+        return None
+    return [float(p) for p in probes]
+
+
+SPEED_BAND = 1.25
+"""Iterations "at the recording's core speed": a speed probe within this factor of the
+trace's median probe. The lent hosts' cores read about 680 or about 1,400 us, 2x apart
+(validation/host/noise/host-use/): the band separates the two states without a fitted cut."""
+
+
+def time_at_recorded_speed(measured: dict[str, Any], trace_meta: dict[str, Any]
+                           ) -> dict[str, Any] | None:
+    """The median of the measured iterations whose core ran at the recording's speed (the
+    speed probe taken before each, on both sides): {"iteration_time_us", "iterations",
+    "probe_us"}; None where either side has no probes or fewer than 3 iterations match. A
+    trace predicts its host time at the core speed it was recorded at; on the shared hosts a
+    run's iterations come at either of two speeds, so this compares like with like."""
+    ref = trace_meta.get("measured_speed_probe_us")
+    # pooled runs carry theirs (pool_runs); a single run its own
+    probes = measured.get("speed_probes_us", _speed_probes(measured))
+    times = measured.get("iteration_times_us")
+    if not isinstance(ref, list) or not ref or not probes or not measured.get("fits") \
+            or not isinstance(times, list) or len(times) != len(probes):
+        return None
+    at = statistics.median(float(p) for p in ref)
+    kept = [float(t) for t, p in zip(times, probes, strict=True)
+            if at / SPEED_BAND <= p <= at * SPEED_BAND]
+    if len(kept) < 3:
+        return None
+    return {"iteration_time_us": statistics.median(kept), "iterations": len(kept),
+            "probe_us": round(at, 1)}
 
 
 def _measured_file(where: str) -> dict[str, Any]:
@@ -438,6 +483,11 @@ def run_case(case: Case, first_iteration: bool | None = None,
         lo, hi = spread["min_us"], spread["max_us"]
         row["time_within_repeats"] = bool(predicted["fits"] and measured["fits"] and
                                           lo <= float(predicted["iteration_time_us"]) <= hi)
+    matched = time_at_recorded_speed(measured, trace.meta)
+    if matched is not None and predicted["fits"]:
+        matched["error"] = relative_error(float(predicted["iteration_time_us"]),
+                                          matched["iteration_time_us"])
+        row["time_at_recorded_speed"] = matched
     if measured_digest and measured_digest != plan_digest(result.plan):
         row["plan_changed"] = True  # the policy plans differently now than the plan measured
     tracker_us = tracker_estimate_us(measured, trace, case.hardware)
@@ -487,7 +537,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return math.fsum(errs) / len(errs) if errs else None
 
     spreads = [r["time_spread"]["relative"] for r in rows if r.get("time_spread")]
+    matched = [abs(r["time_at_recorded_speed"]["error"]) for r in rows
+               if r.get("time_at_recorded_speed", {}).get("error") is not None]
     return {"n": len(rows), "time_mape": mape("iteration_time"),
+            # over the cases whose trace and run both probed the core's speed per iteration:
+            # the measured iterations at the recording's speed only (time_at_recorded_speed)
+            "at_recorded_speed": ({"n": len(matched),
+                                   "time_mape": math.fsum(matched) / len(matched)}
+                                  if matched else None),
             "peak_mape": mape("peak_allocated"), "reserved_mape": mape("peak_reserved"),
             "fits_correct": sum(r["predicted"]["fits"] == bool(r["measured"]["fits"])
                                 for r in rows),

@@ -187,6 +187,11 @@ def format_validation(result: dict[str, Any]) -> str:
                      f"{pct(s['median_repeat_spread']).lstrip('+')} (max - min over median, "
                      f"{s['with_repeats']} runs); {s['time_within_repeats']} predicted times lie "
                      "within their run's range")
+    if s.get("at_recorded_speed"):
+        m = s["at_recorded_speed"]
+        lines.append(f"at the recording's core speed (the speed probe before each iteration, in "
+                     f"trace and run): iteration-time MAPE {pct(m['time_mape']).lstrip('+')} "
+                     f"over {m['n']} cases")
     if s.get("cases_run_repeatedly"):
         lines.append(f"{s['cases_run_repeatedly']} cases measured in several runs of the same plan "
                      "(iterations pooled; fits only if every run fit): "
