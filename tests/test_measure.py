@@ -362,3 +362,18 @@ def test_a_recomputed_lift_fresh_call_reuses_its_constant(constants) -> None:
     got = compare_gradients(s.reference, s.gradients(ex))
     assert got["bitwise_equal"], got
     assert ex.stats.drops == 1 and ex.stats.recomputed_calls >= 5  # mul, 2 lift_fresh, div, where
+
+
+def test_fused_attention_draws_from_the_rng() -> None:
+    # SDPA's fused kernels draw their dropout mask inside: a recomputation must replay them
+    # from the RNG state they ran at, as it does dropout (their names say nothing of it)
+    from vsim.runtime.tracker import _uses_rng
+
+    aten = torch.ops.aten
+    for f in (aten._scaled_dot_product_efficient_attention.default,
+              aten._scaled_dot_product_flash_attention.default,
+              aten._scaled_dot_product_cudnn_attention.default,
+              aten._flash_attention_forward.default, aten.native_dropout.default):
+        assert _uses_rng(f), f
+    for f in (aten.mm.default, aten.add.Tensor, aten._to_copy.default, aten.empty.memory_format):
+        assert not _uses_rng(f), f

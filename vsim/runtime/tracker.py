@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opmap import is_profiler_op
@@ -18,12 +19,19 @@ _RNG: dict[Any, bool] = {}
 
 
 def _uses_rng(func: Any) -> bool:
+    """Whether a call draws from the RNG, so that a recomputation must replay it from the
+    state it ran at: aten's `nondeterministic_seeded` tag, which also marks the fused attention
+    kernels that draw their dropout mask inside (`_scaled_dot_product_efficient_attention`,
+    `_flash_attention_forward`, ...; by name alone they looked deterministic, and recomputed
+    GPT-2 and BERT attention on the GPU drew new masks: gradients 3x the reference's noise);
+    names as a fallback for a function without tags."""
     got = _RNG.get(func)
     if got is None:
         name = str(func)
-        got = _RNG[func] = any(w in name for w in (
-            "dropout", "bernoulli", "rand", "normal", "uniform", "exponential", "multinomial",
-            "geometric", "cauchy"))
+        got = _RNG[func] = (torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+                            or any(w in name for w in (
+                                "dropout", "bernoulli", "rand", "normal", "uniform",
+                                "exponential", "multinomial", "geometric", "cauchy")))
     return got
 
 
