@@ -395,6 +395,12 @@ def planned_tracker(measured: dict[str, Any]) -> str:
     return (measured.get("provenance") or {}).get("plan_tracker") or "native-always"
 
 
+WARM_START = True
+"""vsim validate's runs start warm, as vsim measure's do (False: as a fresh process, the model
+before the eighteenth session of 2026-11-27). They are planned from a cold start, as vsim's
+runtime plans them (Session._plan: engine.simulate's default)."""
+
+
 def case_inputs(case: Case) -> tuple[Trace, Hardware, dict[str, Any]]:
     """The case's trace on its hardware (recorded on another GPU: retargeted, as `vsim run`
     does), the hardware, and the measured result it is held against."""
@@ -420,7 +426,10 @@ def simulate_case(case: Case, trace: Trace, hw: Hardware, measured: dict[str, An
                   runtime_cost: bool | None = None) -> SimResult:
     """The case's plan and its simulation as `vsim validate` makes them (case_inputs' trace,
     hardware and measured result): planned for the tracker the run was planned for, run under
-    the one it ran, with timing draws. Raises PlanError where the plan is not runnable."""
+    the one it ran, with timing draws. Every run of vsim measure starts warm (its session ran
+    the plain step with the whole GPU before it capped itself: engine.run_plan's
+    `warm_start`), from a plan its runtime made for a cold start (WARM_START). Raises
+    PlanError where the plan is not runnable."""
     from .allocator import make_allocator
     from .engine import TIMING_DRAWS, simulate
     from .policies import make_policy
@@ -428,7 +437,8 @@ def simulate_case(case: Case, trace: Trace, hw: Hardware, measured: dict[str, An
     return simulate(trace, hw, make_policy(case.policy), make_allocator(case.allocator),
                     case.memory_bytes, first_iteration, workspace_fallback,
                     runtime_cost=runtime_cost, tracker=run_tracker(measured),
-                    plan_tracker=planned_tracker(measured), draws=TIMING_DRAWS)
+                    plan_tracker=planned_tracker(measured), draws=TIMING_DRAWS,
+                    warm_start=WARM_START, plan_warm_start=False)
 
 
 def run_case(case: Case, first_iteration: bool | None = None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..spec import choice
 from .base import Allocator, AllocatorSpec, register_allocator
-from .blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool
+from .blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool, Segment
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -188,6 +188,42 @@ class CachingAllocator(Allocator):
 
     def free_in_segments_bytes(self) -> int:
         return sum(b.size for p in self.pools.values() for b in p.free.blocks.values())
+
+    def empty_cache(self) -> int:
+        """torch.cuda.empty_cache(): cudaFree every segment with no block in use; the bytes
+        given back."""
+        released = sum(p.release_free_segments() for p in self.pools.values())
+        self.reserved_bytes -= released
+        return released
+
+    def copy(self, capacity_bytes: int) -> tuple[CachingAllocator, dict[int, Block]]:
+        """An allocator of `capacity_bytes` in this one's state (segments, blocks, addresses;
+        counters reset), and per block of this one (by id) its copy. Built block by block: a
+        segment's blocks are a linked list that copy.deepcopy would walk recursively."""
+        new = CachingAllocator(capacity_bytes)
+        new.host_events = self.host_events
+        new.next_addr = self.next_addr
+        new.reserved_bytes, new.allocated_bytes = self.reserved_bytes, self.allocated_bytes
+        blocks: dict[int, Block] = {}
+        for (kind, stream), pool in self.pools.items():
+            to = new._pool(kind, stream)
+            to.free_segment_bytes = pool.free_segment_bytes
+            for seg in pool.segments:
+                s = Segment(seg.addr, seg.size, seg.pool, seg.stream, seg.blocks_in_use)
+                s.owner = to
+                to.segments.append(s)
+                b, prev = seg.head, None
+                while b is not None:
+                    c = Block(b.addr, b.size, s, b.free, prev)
+                    if prev is None:
+                        s.head = c
+                    else:
+                        prev.next = c
+                    if c.free:
+                        to.free.add(c)
+                    blocks[id(b)] = c
+                    prev, b = c, b.next
+        return new, blocks
 
     def layout(self) -> object:
         """Segments in address order, each with its blocks (size, free) in address order."""

@@ -36,6 +36,7 @@ from .draws import TIMING_DRAWS, TimingDraw, timing_draws, with_margin
 from .hostclock import HostClock
 from .prep import trace_prep
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
+from .warm import supports_warm_start, warm_layout
 
 __all__ = ["TIMING_DRAWS", "PlanError", "SimResult", "TimingDraw", "planning_runner", "run_plan",
            "simulate", "timing_draws"]
@@ -134,7 +135,8 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
              capacity_bytes: int | None = None, first_iteration: bool | None = None,
              workspace_fallback: bool | None = None, host_time: bool | None = None,
              runtime_cost: bool | None = None, tracker: str | None = None,
-             plan_tracker: str | None = None, draws: int = 0) -> SimResult:
+             plan_tracker: str | None = None, draws: int = 0, warm_start: bool = False,
+             plan_warm_start: bool | None = None) -> SimResult:
     """Simulate one iteration of `policy`'s plan (see run_plan). The policy plans with run_plan
     at hand for its profiling runs. `runtime_cost` False: the plan is carried out by an ideal
     runtime that pays none of vsim's runtime's own host costs (run_plan's `tracked` False);
@@ -145,25 +147,37 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
     `draws`: where the plan fits a capacity that binds, run it under that many timing draws
     (timing_draws; the report's `timing_draws`: how many fit, of how many); when most run out of
     memory, the policy's plan for a lower budget that most draws fit, if one of a few does
-    (draws.with_margin), is the result."""
+    (draws.with_margin), is the result.
+
+    `warm_start`: run_plan's. `plan_warm_start`: the one the profiling runs assume where it is
+    not the run's (vsim validate: vsim's runtime plans from a cold start the runs it starts
+    warm); None: the run's. Where the
+    plan was judged with another start than the run's, the run's verdict under draws is drawn
+    again under the run's own options (a real run is one draw of the run)."""
+    if plan_warm_start is None:
+        plan_warm_start = warm_start
     capacity = _capacity(hw, capacity_bytes)
     tracked = False if runtime_cost is False else None
     started = time.process_time()
     runner = planning_runner(allocator, first_iteration=first_iteration,
                              workspace_fallback=workspace_fallback, host_time=host_time,
                              tracked=tracked,
-                             tracker=tracker if plan_tracker is None else plan_tracker)
+                             tracker=tracker if plan_tracker is None else plan_tracker,
+                             warm_start=plan_warm_start)
     options: dict[str, Any] = {"first_iteration": first_iteration,
                                "workspace_fallback": workspace_fallback,
-                               "host_time": host_time, "tracked": tracked, "tracker": tracker}
+                               "host_time": host_time, "tracked": tracked, "tracker": tracker,
+                               "warm_start": warm_start}
     plan = policy.plan_with(trace, hw, capacity, runner)
     result = run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **options)
     if draws and plan.actions:
         # The margin is the planner's choice, made under the costs it plans with: where those
         # are not the run's (a plan made for one runtime, run by another), judged there and
         # the chosen plan then run under the run's
-        planned = options if plan_tracker in (None, tracker) else \
-            {**options, "tracker": plan_tracker}
+        planned = options if plan_tracker in (None, tracker) \
+            and plan_warm_start == warm_start else \
+            {**options, "tracker": tracker if plan_tracker is None else plan_tracker,
+             "warm_start": plan_warm_start}
         judged = result if planned is options else \
             run_plan(trace, hw, plan, allocator, capacity, label=policy.spec(), **planned)
         if judged.report["fits"] and judged.capacity_bound:
@@ -175,19 +189,34 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
                 if chosen.plan is not plan:
                     result = run_plan(trace, hw, chosen.plan, allocator, capacity,
                                       label=policy.spec(), **options)
-                # the margin's and the draws' notes, as where the plan was judged
-                result.report["notes"] += [n for n in chosen.report["notes"]
-                                           if n not in result.report["notes"]]
-                if "timing_draws" in chosen.report:
+                # the margin's and the draws' notes, as where the plan was judged (with
+                # another start, the margin's alone: the run draws its own below)
+                result.report["notes"] += [
+                    n for n in chosen.report["notes"] if n not in result.report["notes"]
+                    and (plan_warm_start == warm_start or n.startswith("planned for"))]
+                if "timing_draws" in chosen.report and plan_warm_start == warm_start:
                     result.report["timing_draws"] = {
                         **chosen.report["timing_draws"], "under_tracker": plan_tracker}
+        if plan_warm_start != warm_start and result.report["fits"] and result.capacity_bound:
+            # the verdict: the run's own draws (it does not start as its plan was judged)
+            runs = timing_draws(trace, hw, result.plan, allocator, capacity, draws, **options)
+            if runs is not None:
+                fit = [d for d in runs if d.report["fits"]]
+                result.report["timing_draws"] = {
+                    "draws": draws, "fit": len(fit),
+                    "times_us": [round(d.report["timed_iteration_time_us"], 1) for d in fit]}
+                if len(fit) < draws:
+                    result.report["notes"].append(
+                        f"fits the recorded timing, but {len(fit)} of {draws} runs under draws "
+                        f"of the timing variation measured between real iterations do")
     result.plan_seconds = time.process_time() - started
     return result
 
 
 def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: bool | None = None,
                     workspace_fallback: bool | None = None, host_time: bool | None = None,
-                    tracked: bool | None = None, tracker: str | None = None) -> RunPlan:
+                    tracked: bool | None = None, tracker: str | None = None,
+                    warm_start: bool = False) -> RunPlan:
     """The run_plan a policy plans with for a run on `run_allocator` (with these options): called
     with allocator None, as the policies' profiling runs call it, it runs the plan as the run
     itself will, so that a plan judged to fit fits the run (issue 14: the caching allocator's
@@ -198,15 +227,16 @@ def planning_runner(run_allocator: AllocatorSpec | None, *, first_iteration: boo
     `iteration_floor(trace, hw, plan)` is a lower bound on the iteration time such a profiling
     run reports (plan.iteration_floor)."""
     return _PlanningRunner(run_allocator, first_iteration, workspace_fallback, host_time,
-                           tracked, tracker)
+                           tracked, tracker, warm_start)
 
 
 class _PlanningRunner:
     def __init__(self, run_allocator: AllocatorSpec | None, first_iteration: bool | None,
                  workspace_fallback: bool | None, host_time: bool | None, tracked: bool | None,
-                 tracker: str | None = None) -> None:
+                 tracker: str | None = None, warm_start: bool = False) -> None:
         self.run_allocator = run_allocator
         self.tracker = tracker
+        self.warm_start = warm_start
         self.first_iteration, self.workspace_fallback = first_iteration, workspace_fallback
         self.host_time, self.tracked = host_time, tracked
         self._free_us: dict[tuple[int, str], tuple[Trace, dict[int, float]]] = {}
@@ -225,7 +255,8 @@ class _PlanningRunner:
         return run_plan(trace, hw, plan, self.run_allocator, capacity_bytes,
                         first_iteration=self.first_iteration,
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,
-                        tracked=self.tracked, tracker=self.tracker, iterations=iterations)
+                        tracked=self.tracked, tracker=self.tracker, iterations=iterations,
+                        warm_start=self.warm_start)
 
     def unlogged(self, trace: Trace, hw: Hardware, plan: Plan, capacity_bytes: int | None,
                  iterations: int | None) -> SimResult:
@@ -235,7 +266,7 @@ class _PlanningRunner:
                         first_iteration=self.first_iteration,
                         workspace_fallback=self.workspace_fallback, host_time=self.host_time,
                         tracked=self.tracked, tracker=self.tracker, iterations=iterations,
-                        logged=False)
+                        logged=False, warm_start=self.warm_start)
 
     def iteration_floor(self, trace: Trace, hw: Hardware, plan: Plan) -> float:
         """A lower bound on the iteration time this runner's profiling run reports for `plan`
@@ -298,7 +329,7 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
              tracked: bool | None = None, label: str = "plan",
              tracker: str | None = None, iterations: int | None = None,
              dgrad_workspace: bool | None = None, draw: TimingDraw | None = None,
-             logged: bool = True) -> SimResult:
+             logged: bool = True, warm_start: bool = False) -> SimResult:
     """Simulate one iteration of a ready plan. `capacity_bytes` defaults to what the GPU leaves
     a process. ConfigError when the capacity is impossible; out of memory is a result (fits
     false). `label` is the report's (and the predicted trace's) `policy`.
@@ -352,6 +383,13 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     `draw`: the run's iterations under one draw of the timing variation measured between real
     iterations (TimingDraw; all of them run, none alike); None: the recorded timing.
 
+    `warm_start` (with `first_iteration`, on PyTorch's caching allocator): the process ran its
+    plain step with the whole GPU before the plan and the cap, as `vsim measure`'s sessions
+    do, then freed the gradients and emptied the cache: the first iteration starts with every
+    resident tensor where that step placed it (vsim.engine.warm), none created at first use.
+    False: a fresh training process, which creates momentum and cuBLAS workspaces at first use
+    under the cap.
+
     `logged` False: the engine keeps no memory log and no per-op or per-copy records (its
     output's `executed` and `copies` are empty), from which the report and the predicted
     trace are built (asking for either raises): a profiling run whose verdict alone is read
@@ -376,6 +414,9 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     transients = trace_prep(trace).dgrad_workspaces() if dgrad_workspace else None
     run = _Run(trace, hw, plan, memory, first_iteration, fallback, host, tracked, transients,
                draw, logged)
+    if warm_start and first_iteration and supports_warm_start(memory):
+        run.memory, run.resident = warm_layout(trace, hw, allocator, capacity, transients)
+        run.warm = True
     return _advance(run, RUN_ITERATIONS if iterations is None else iterations, label, allocator,
                     capacity)
 
@@ -460,6 +501,7 @@ class _Run:
         self.first_iteration, self.fallback = first_iteration, fallback
         self.host, self.tracked = host, tracked
         self.resident: dict[int, object] | None = None
+        self.warm = False  # the first iteration adopts `resident` (run_plan's warm_start)
         # The host clock's issue times, computed once per run: its later iterations' plans
         # differ only by workspace fallbacks (retimes), which cost the host nothing (hostclock).
         self.clock: HostClock | None = None
@@ -480,14 +522,19 @@ class _Run:
             return self.out, self.engine
         if self.ran == 0 and self.first_iteration:
             first = Engine(self.trace, self.hw, self.plan, self.memory,
-                           first_use=trace_prep(self.trace).first_use(),
+                           first_use=None if self.warm else trace_prep(self.trace).first_use(),
+                           resident_blocks=self.resident if self.warm else None,
                            fallback=self.fallback, host=self.host, tracked=self.tracked,
                            transients=self.transients, logged=self.logged,
                            index=self._index(), **self._drawn())
             out = first.run()
             self.ran = 1
             if out.oom is not None:
-                out.notes.append("out of memory in the first iteration, which creates momentum "
+                out.notes.append("out of memory in the first iteration (the steady iteration "
+                                 "not run), which started warm: its resident tensors where a "
+                                 "plain step with the whole GPU left them, the cache emptied"
+                                 if self.warm else
+                                 "out of memory in the first iteration, which creates momentum "
                                  "and cuBLAS workspaces at first use (the steady iteration not "
                                  "run)")
                 self.out, self.engine, self.done = out, first, True
@@ -563,6 +610,10 @@ class _Run:
         if self.first_iteration:
             out.notes.append("a first iteration ran before this one on the same allocator "
                              "(its segments and fragmentation carry over)")
+            if self.warm:
+                out.notes.append("warm start: the first iteration found every resident tensor "
+                                 "where a plain step with the whole GPU placed it, the cache "
+                                 "emptied (vsim measure's sessions)")
             if ran > 2:
                 out.notes.append(f"iteration {ran} of the run reported: the allocator's "
                                  f"segments (or the convolutions that fell back) changed from "

@@ -73,6 +73,8 @@ class TracePrep:
         self._inplace: dict[int, tuple[int, ...]] | None = None
         self._later_outputs: dict[int, list[int]] | None = None
         self._dgrad: dict[int, int] | None = None
+        # vsim.engine.warm's layouts, per (hardware, allocator spec, transients)
+        self.warm: dict[tuple[object, ...], tuple[Any, dict[int, object]]] = {}
         # the host clock's per-op times, per host model's tables (hostclock._model_clock)
         self.host_tables: dict[tuple[int, int, int, float], tuple[Any, ...]] = {}
 
