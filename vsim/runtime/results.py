@@ -99,13 +99,17 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 
 CHURN_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
-                  "num_sync_all_streams")
+                  "num_sync_all_streams", "num_ooms")
+# num_ooms: out-of-memory errors raised and caught inside the iterations (cuDNN tries engines
+# whose workspace cannot be had; each failure empties the cache): a path the model does not
+# take (docs/design.md, "Fits at the edge")
 
 
 def allocator_counters(device: torch.device) -> dict[str, int]:
     """The caching allocator's cumulative counters that show churn: allocation retries (a
     failed cudaMalloc that freed the cache and tried again), cudaMalloc and cudaFree calls (or
-    page maps and unmaps with expandable segments), device-wide synchronisations."""
+    page maps and unmaps with expandable segments), device-wide synchronisations, and the
+    out-of-memory errors raised (and caught, where the run went on)."""
     stats = torch.cuda.memory_stats(device)
     return {k: int(stats.get(k, 0)) for k in CHURN_COUNTERS}
 
