@@ -164,8 +164,11 @@ class Usage:
         above it (a planner that only takes bytes off passes the last slot it got)."""
         if start < len(self.bytes) and self.bytes[start] > budget:
             return start  # the common case of a planner taking bytes off one slot at a time
-        idx = np.flatnonzero(self.bytes[start:] > budget)
-        return start + int(idx[0]) if len(idx) else None
+        # (the first True of the mask by argmax, which stops there, instead of every index
+        # of np.flatnonzero: planners ask this once per eviction)
+        over = self.bytes[start:] > budget
+        i = int(over.argmax()) if len(over) else 0
+        return start + i if len(over) and over[i] else None
 
 
 @dataclass
@@ -246,7 +249,7 @@ def place_prefetch(usage: Usage, size: int, earliest: int, need: int, budget: in
         return need
     # (bytes + size > budget as bytes > budget - size: integers, the same slots without a
     # window array per prefetch)
-    bad = np.flatnonzero(usage.bytes[earliest:need] > budget - size)
+    bad = (usage.bytes[earliest:need] > budget - size).nonzero()[0]
     if not len(bad):
         return earliest
     slot = earliest + int(bad[-1]) + 1
