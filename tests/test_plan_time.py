@@ -5,6 +5,7 @@ arrays, the profile kept in place, the host clock reused) give what the long way
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -379,3 +380,66 @@ def test_the_segments_own_profiles_at_once_are_each_segments(name: str) -> None:
         recomputed += at is not None
     assert recomputed > 100
     assert slots.dtype == own.dtype == start.dtype == size.dtype == rc.dtype == np.int64
+
+
+def test_a_copied_evictions_plans_as_one_chosen_afresh(resnet50: tuple[Any, int]) -> None:
+    """Evictions.copy (vDNN++ chooses its swaps once per base profile and copies them for each
+    budget): the copy's prefetches, actions, profile and host pool are those of the same swaps
+    chosen afresh for its budget, and placing them leaves the original as it was."""
+    from vsim.policies.planning import Evictions, host_pool_bytes
+    trace, peak = resnet50
+    view = TraceView(trace)
+    saved = list(view.saved)[::2]
+    base = Attempt(trace, HW, view, int(peak * 0.6), frozenset(), "auto").usage()
+
+    def chosen(budget: int) -> Any:  # (over one base profile: vdnnpp's memo is per base)
+        ev = Evictions(view, HW, base, budget)
+        for t in saved:
+            ev.add_swap(t, update=False)
+        ev.refresh()
+        return ev
+    template = chosen(peak)
+    kept = (template.usage.bytes.copy(), [dataclasses.astuple(s) for s in template.swaps.values()])
+    first_bwd = view.start(view.bwd[0].first)
+    for frac in (0.0, 0.4, 0.6, 0.8):
+        budget = int(peak * frac)
+        fresh, copied, again = chosen(budget), template.copy(budget), chosen(budget)
+        again._slots_fresh = False  # (its release slots estimated again, as before the flag)
+        for ev in (fresh, copied, again):
+            ev.place_prefetches(lambda s: first_bwd)
+        assert copied.actions() == fresh.actions() == again.actions()
+        assert np.array_equal(again.usage.bytes, fresh.usage.bytes)
+        assert np.array_equal(copied.usage.bytes, fresh.usage.bytes)
+        assert host_pool_bytes(view, copied.swaps.values()) == \
+            host_pool_bytes(view, fresh.swaps.values())
+        assert np.array_equal(template.usage.bytes, kept[0])
+        assert [dataclasses.astuple(s) for s in template.swaps.values()] == kept[1]
+
+
+@pytest.mark.parametrize("name", ["resnet50-b64-h100", "densenet121-b64-h100"])
+def test_a_segmenters_usage_is_the_profile_changed_span_by_span(name: str) -> None:
+    """Segmenter.usage (the spans of its recomputations and drops summed into the profile at
+    once) is the profile Usage.add and Usage.remove give, one span at a time."""
+    from vsim.plan import Drop
+    from vsim.policies.planning import Usage
+    from vsim.policies.recompute import RecomputeAction, Segmenter
+    view = TraceView(load_trace(TRACES / f"{name}.vsim.json.gz"))
+    seg = Segmenter.of(view)
+    checked = 0
+    for k in (1, 2, 3, 5, 8):
+        acts, _, _ = seg.actions([*range(k, seg.n, k), seg.n])
+        u = Usage(view, seg.retimes)
+        back: dict[int, int] = {}
+        for act in acts:
+            if isinstance(act, RecomputeAction):
+                slot = view.before(act.before_op)
+                back.update(dict.fromkeys(act.tensors, slot))
+                u.add(seg.transient_bytes(act.ops, set(act.tensors), slot), slot, slot + 1)
+        for act in acts:
+            if isinstance(act, Drop):
+                u.remove(view.tensor[act.tensor].size_bytes, view.end(act.after_op),
+                         back[act.tensor])
+        got = seg.usage(acts).bytes
+        assert got.dtype == u.bytes.dtype and np.array_equal(got, u.bytes)
+        checked += bool(acts)
+    assert checked >= 4

@@ -71,7 +71,8 @@ class AccUDNN(FittedPolicy):
         while (x := ev.usage.over(budget, start)) is not None:
             start = x
             if x != covered_at:
-                covers, covered_at = np.flatnonzero(open_ & (lo <= x) & (x < hi)), x
+                # (nonzero()[0]: np.flatnonzero of a 1-D mask without its extra calls)
+                covers, covered_at = (open_ & (lo <= x) & (x < hi)).nonzero()[0], x
                 # (a copy: a swapped candidate's exposed time becomes infinite, its mask)
                 c_exposed, c_ids, c_size = exposed[covers], ids[covers], size[covers]
                 c_issues = (issues[0][covers], issues[1][covers], issues[2][covers])
@@ -79,13 +80,13 @@ class AccUDNN(FittedPolicy):
             if not left:
                 break
             cost = c_exposed + ev.blocking_us_many(c_issues, x)
-            hides = np.flatnonzero(cost == 0)
+            hides = (cost == 0).nonzero()[0]
             # (the orders lexsort gave, by one pass each: ids are distinct)
             if len(hides):  # one that hides, the largest first, then the lowest id
                 largest = hides[c_size[hides] == c_size[hides].max()]
                 j = int(largest[np.argmin(c_ids[largest])])
             else:  # the least exposed, then the lowest id
-                least = np.flatnonzero(cost == cost.min())
+                least = (cost == cost.min()).nonzero()[0]
                 j = int(least[np.argmin(c_ids[least])])
             i = int(covers[j])
             best_cost = float(cost[j])

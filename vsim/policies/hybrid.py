@@ -105,10 +105,20 @@ class Hybrid(FittedPolicy):
         # dynamic: not yet evicted; not read by a planned recomputation (may be swapped, not
         # dropped); reads nothing dropped (swapped inputs come back for a recomputation)
         open_, free_of_plans, reads_no_drop = (np.ones(n, dtype=bool) for _ in range(3))
+        # The candidates covering slot x as last found, while only `open_` has changed since
+        # (a swap closes one candidate and changes nothing else they are chosen by): the same
+        # indices less those closed, without the masks over every candidate again (the slot
+        # over the budget often stays the same for many evictions)
+        covered: tuple[int, np.ndarray, np.ndarray] | None = None
         while (x := ev.usage.over(budget)) is not None:
-            sw = np.flatnonzero(open_ & (lo <= x) & (x < hi))
-            rc = np.flatnonzero(open_ & (dlo <= x) & (x < dhi) & free_of_plans & held
-                                & reads_no_drop)
+            if covered is not None and covered[0] == x:
+                sw, rc = covered[1], covered[2]
+            else:
+                # (a 1-D mask's nonzero()[0] is np.flatnonzero's result without its ravel and
+                # dispatch)
+                sw = (open_ & (lo <= x) & (x < hi)).nonzero()[0]
+                rc = (open_ & (dlo <= x) & (x < dhi) & free_of_plans & held
+                      & reads_no_drop).nonzero()[0]
             if not len(sw) and not len(rc):
                 break
             table = (issues[0][sw], issues[1][sw], issues[2][sw])
@@ -119,7 +129,7 @@ class Hybrid(FittedPolicy):
                                         np.ones(len(rc), dtype=bool)])
             # the least cost per byte saved; then the largest, the lowest id, recompute first
             # (lexsort's first, by a pass per key over the ties left: (id, how) is unique)
-            tie = np.flatnonzero(ratio == ratio.min())
+            tie = (ratio == ratio.min()).nonzero()[0]
             if len(tie) > 1:
                 tie = tie[size[which[tie]] == size[which[tie]].max()]
             if len(tie) > 1:
@@ -135,7 +145,9 @@ class Hybrid(FittedPolicy):
             open_[i] = False
             if how == "swap":
                 ev.add_swap(t)
+                covered = (x, sw[sw != i], rc[rc != i])
                 continue
+            covered = None  # (a recomputation changes needs, windows and masks)
             # What the recomputation reads must be back by then: a swapped input's next need
             # becomes the recomputation (Capuchin's recompute-after-swap).
             before = ev.need(t)

@@ -95,10 +95,17 @@ def interval_profile(view: TraceView, tensors: Iterable[int]) -> np.ndarray:
     """Per slot, the bytes of `tensors` allocated then (each from its allocation slot up to its
     free slot), as integers."""
     delta = np.zeros(view.n_slots + 1, dtype=np.int64)
+    # (the ends gathered and added at once, np.add.at: integers, the same sums as a numpy
+    # scalar update per tensor, which took several ms per planning for a trace's every tensor)
+    lo, hi, sizes = [], [], []
     for t in tensors:
-        size = view.tensor[t].size_bytes
-        delta[view.alloc_slot(t)] += size
-        delta[view.free_slot(t)] -= size
+        sizes.append(view.tensor[t].size_bytes)
+        lo.append(view.alloc_slot(t))
+        hi.append(view.free_slot(t))
+    if sizes:
+        size = np.array(sizes, dtype=np.int64)
+        np.add.at(delta, np.array(lo, dtype=np.int64), size)
+        np.subtract.at(delta, np.array(hi, dtype=np.int64), size)
     out: np.ndarray = np.cumsum(delta)[:view.n_slots]
     return out
 
@@ -157,8 +164,11 @@ class Usage:
         above it (a planner that only takes bytes off passes the last slot it got)."""
         if start < len(self.bytes) and self.bytes[start] > budget:
             return start  # the common case of a planner taking bytes off one slot at a time
-        idx = np.flatnonzero(self.bytes[start:] > budget)
-        return start + int(idx[0]) if len(idx) else None
+        # (the first True of the mask by argmax, which stops there, instead of every index
+        # of np.flatnonzero: planners ask this once per eviction)
+        over = self.bytes[start:] > budget
+        i = int(over.argmax()) if len(over) else 0
+        return start + i if len(over) and over[i] else None
 
 
 @dataclass
@@ -174,12 +184,21 @@ class Swap:
     prefetch_op: int | None = None
     copy_done_us: float = 0.0  # estimated end of the D2H copy, on the trace's clock
 
+    def copy(self) -> Swap:
+        """An independent copy (the constructor with every field: dataclasses.replace
+        per swap was most of copying a planner's few hundred swaps)."""
+        return Swap(self.tensor, self.offload_op, self.after, self.release_after,
+                    self.release_slot, self.need_op, self.prefetch_op, self.copy_done_us)
+
     def actions(self) -> list[Action]:
-        acts: list[Action] = [Offload(self.tensor, self.offload_op, self.after,
-                                      self.release_after)]
-        acts.append(Prefetch(self.tensor, self.prefetch_op if self.prefetch_op is not None
-                             else self.need_op, self.need_op))
-        return acts
+        return [self.offload(), self.prefetch()]
+
+    def offload(self) -> Offload:
+        return Offload(self.tensor, self.offload_op, self.after, self.release_after)
+
+    def prefetch(self) -> Prefetch:
+        return Prefetch(self.tensor, self.prefetch_op if self.prefetch_op is not None
+                        else self.need_op, self.need_op)
 
 
 class Timeline:
@@ -228,8 +247,9 @@ def place_prefetch(usage: Usage, size: int, earliest: int, need: int, budget: in
     earliest = max(0, earliest + (earliest & 1))
     if earliest >= need:
         return need
-    window = usage.bytes[earliest:need] + size
-    bad = np.flatnonzero(window > budget)
+    # (bytes + size > budget as bytes > budget - size: integers, the same slots without a
+    # window array per prefetch)
+    bad = (usage.bytes[earliest:need] > budget - size).nonzero()[0]
     if not len(bad):
         return earliest
     slot = earliest + int(bad[-1]) + 1
@@ -250,9 +270,12 @@ def anchor_prefetches(view: TraceView, plan: Plan) -> Plan:
     offloads = {a.tensor: a for a in plan.actions if isinstance(a, Offload)}
     if not offloads:
         return plan
-    by_stream: dict[int, list[int]] = {}
-    for i, o in enumerate(view.ops):
-        by_stream.setdefault(o.stream, []).append(i)
+    # per stream, its ops' positions (the trace's alone: once per view, not per plan)
+    by_stream: dict[int, list[int]] | None = view.memo.get("ops by stream")
+    if by_stream is None:
+        by_stream = view.memo["ops by stream"] = {}
+        for i, o in enumerate(view.ops):
+            by_stream.setdefault(o.stream, []).append(i)
     changed = False
     acts: list[Action] = []
     for act in plan.actions:
@@ -424,11 +447,16 @@ def host_pool_bytes(view: TraceView, swaps: Iterable[Swap]) -> int:
     """Most bytes held on the host at once, from each offload's start to its prefetch's need:
     the size of a pinned pool whose buffers are reused (vDNN++, SuperNeurons)."""
     delta = np.zeros(view.n_slots + 2, dtype=np.int64)
+    # (the spans gathered, then added at once: integers, the same sums as one at a time)
+    los, his, sizes = [], [], []
     for s in swaps:
-        lo = view.end(s.offload_op) if s.after else view.start(s.offload_op)
-        hi = view.start(s.need_op) + 1
-        delta[lo] += view.tensor[s.tensor].size_bytes
-        delta[hi] -= view.tensor[s.tensor].size_bytes
+        los.append(view.end(s.offload_op) if s.after else view.start(s.offload_op))
+        his.append(view.start(s.need_op) + 1)
+        sizes.append(view.tensor[s.tensor].size_bytes)
+    if sizes:
+        size = np.array(sizes, dtype=np.int64)
+        np.add.at(delta, np.array(los, dtype=np.int64), size)
+        np.subtract.at(delta, np.array(his, dtype=np.int64), size)
     return int(np.cumsum(delta).max()) if len(delta) else 0
 
 
@@ -453,6 +481,30 @@ class Evictions:
         self._key_base = max((t.id for t in view.trace.tensors), default=0) + 1
         self._queue_np: tuple[np.ndarray, np.ndarray] | None = None  # the queue, as arrays
         self.usage = self.profile()
+
+    def copy(self, budget: int) -> Evictions:
+        """An independent copy with another budget: the same swaps (copied), drops, needs,
+        profile and D2H queue; the view, base profile and timeline shared (none of them is
+        changed by an Evictions). Nothing but place_prefetches reads the budget, so a planner
+        whose swaps and drops do not depend on it (vDNN++) chooses them once per base profile
+        and copies them for each budget: the same state as choosing them again."""
+        ev = Evictions.__new__(Evictions)
+        ev.__dict__.update(self.__dict__)
+        ev.budget = budget
+        twins = {id(s): s.copy() for s in self.swaps.values()}
+
+        def twin(s: Swap) -> Swap:
+            got = twins.get(id(s))
+            if got is None:  # (a queued swap no longer in `swaps`: only while stale)
+                got = twins[id(s)] = s.copy()
+            return got
+        ev.swaps = {t: twin(s) for t, s in self.swaps.items()}
+        ev.drops, ev.needs, ev._issues = dict(self.drops), dict(self.needs), dict(self._issues)
+        ev.usage = self.usage.copy()
+        ev._queue_keys, ev._queue_ends = list(self._queue_keys), list(self._queue_ends)
+        ev._queue_enc, ev._queue_cost = list(self._queue_enc), list(self._queue_cost)
+        ev._queue_swaps = [twin(s) for s in self._queue_swaps]
+        return ev  # (_queue_np: arrays replaced, never changed in place; shared)
 
     def need(self, t: int) -> int:
         first = self.view.first_bwd_reader(t)
@@ -556,6 +608,7 @@ class Evictions:
         return self.view.end(self.last_fwd_use(t)), self.view.before(self.need(t))
 
     def add_swap(self, t: int, swap: Swap | None = None, update: bool = True) -> None:
+        self._slots_fresh = False
         new = t not in self.swaps
         s = self.swaps[t] = swap or self.swap(t)
         if not update:
@@ -621,6 +674,7 @@ class Evictions:
         its prefetch not yet placed: the profile and the D2H queue are updated in place (the
         copy out does not move; the window off the device ends earlier)."""
         self.needs[t] = op
+        self._slots_fresh = False
         old = self.swaps.get(t)
         if old is None:
             return
@@ -646,6 +700,8 @@ class Evictions:
         queue's estimates are brought up to date on the way)."""
         u = self.base.copy()
         self.timeline.release_slots(list(self.swaps.values()))
+        # the swaps' release slots as release_slots sets them, until a swap is added or moved
+        self._slots_fresh = True
         view = self.view
         queue = sorted(self.swaps.values(),
                        key=lambda s: (view.pos[s.offload_op], s.after, s.tensor))
@@ -672,7 +728,9 @@ class Evictions:
         the reader itself). Never before an earlier-needed prefetch: one H2D engine serves
         them in issue order, and a later need issued first would delay an earlier one."""
         view = self.view
-        self.timeline.release_slots(list(self.swaps.values()))  # after in-place additions
+        if not self._slots_fresh:  # after in-place additions (else as profile() left them)
+            self.timeline.release_slots(list(self.swaps.values()))
+            self._slots_fresh = True
         order = sorted(self.swaps.values(), key=lambda s: (view.pos[s.need_op], s.tensor))
         floor = 0
         for s in order:
@@ -688,12 +746,13 @@ class Evictions:
         acts: list[Action] = []
         pos = self.view.pos
         swaps = list(self.swaps.values())
+        # (each swap's offload and prefetch built once: actions() built both for each)
         for s in sorted(swaps, key=lambda s: (pos[s.offload_op], s.tensor)):
-            acts.append(s.actions()[0])
+            acts.append(s.offload())
         # Prefetches issued at one op go to the H2D engine in this order: the first needed first.
         for s in sorted(swaps, key=lambda s: (pos[s.prefetch_op if s.prefetch_op is not None
                                                   else s.need_op], pos[s.need_op], s.tensor)):
-            acts.append(s.actions()[1])
+            acts.append(s.prefetch())
         for t, (after, chain) in sorted(self.drops.items()):
             acts += [Drop(t, after), Recompute(chain, self.need(t), (t,))]
         return acts

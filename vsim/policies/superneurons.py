@@ -247,7 +247,7 @@ class SuperNeurons(FittedPolicy):
             open_ = np.array([t not in ev.swaps for t in ids], dtype=bool)
             while (x := ev.usage.over(budget, start)) is not None:
                 start = x
-                covers = np.flatnonzero(open_ & (lo <= x) & (x < hi))
+                covers = (open_ & (lo <= x) & (x < hi)).nonzero()[0]
                 if not len(covers):
                     break
                 j = int(covers[0])
