@@ -1,12 +1,15 @@
 """Where the host's time went while an iteration was issued: the process's own CPU time (all
 its threads: the autograd engine issues backward from a thread of its own), its involuntary
-context switches, and the machine's steal time.
+context switches, the machine's steal time, and the core's speed just before it
+(vsim.record.hostprobe.speed_probe_us).
 
 Why: on the lent machines the same plan's host-bound iterations take 40 ms in one second and
 100 ms the next, in one process (validation/host/README.md, "Host speed is noisy"). If the
 process's CPU time follows the wall time, the CPU itself ran slower (its clock, or neighbours on
 its caches); if it stays while the wall time grows, the process was off the CPU (descheduled,
-or a hypervisor's steal). Only the measurement is recorded here: nothing is scaled by it.
+or a hypervisor's steal). Measured on the H100 machine: never off the CPU, the core at one of
+two speeds 2x apart, host-bound iterations following it (validation/host/noise/host-use/).
+Only the measurement is recorded here: nothing is scaled by it.
 """
 
 from __future__ import annotations
