@@ -49,8 +49,9 @@ the time fitted per action, the frame call backs are charged at their median per
 (no call back into Python per recorded call once the replay is compiled). What is left per
 recorded call of a recomputing run's host issue time over its plain twin's (`record_callback_us`)
 is measured again on the runs validation/host/core-twins/runs.txt lists (each plan and the
-model without a policy in one call): the issue time difference less everything the runtime timed and the counter's
-estimate (native_us_per_call per call through its key), per recorded call, the median over the
+model without a policy in one call): the issue time difference less everything the runtime
+timed and the counter's estimate (native_us_per_call per call through its key), per recorded
+call, the median over the
 pairs of models not held out whose plan does not offload, whose allocator did not retry and
 whose difference is not negative (a GPU-bound issue waits).
 """
