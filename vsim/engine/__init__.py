@@ -32,7 +32,7 @@ from ..trace.schema import MemEvent, Op, Tensor, Trace
 from ..units import format_size
 from ..workspace_free import memory_optimal_retimes
 from . import floor
-from .draws import TIMING_DRAWS, TimingDraw, timing_draws, with_margin
+from .draws import TIMING_DRAWS, TimingDraw, drawn, timing_draws, with_margin
 from .hostclock import HostClock
 from .prep import trace_prep
 from .simulator import D2H_STREAM, H2D_STREAM, Engine, EngineOutput, ExecutedOp, PlanError
@@ -201,14 +201,7 @@ def simulate(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSp
             # the verdict: the run's own draws (it does not start as its plan was judged)
             runs = timing_draws(trace, hw, result.plan, allocator, capacity, draws, **options)
             if runs is not None:
-                fit = [d for d in runs if d.report["fits"]]
-                result.report["timing_draws"] = {
-                    "draws": draws, "fit": len(fit),
-                    "times_us": [round(d.report["timed_iteration_time_us"], 1) for d in fit]}
-                if len(fit) < draws:
-                    result.report["notes"].append(
-                        f"fits the recorded timing, but {len(fit)} of {draws} runs under draws "
-                        f"of the timing variation measured between real iterations do")
+                drawn(result, [d for d in runs if d.report["fits"]], draws)
     result.plan_seconds = time.process_time() - started
     return result
 

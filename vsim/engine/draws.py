@@ -69,6 +69,23 @@ less 3%, 6%, ... (at most MARGIN_STEPS steps), each run at the full capacity."""
 MARGIN_STEPS = 5
 
 
+def drawn(res: SimResult, fit: list[SimResult], draws: int, **more: Any) -> SimResult:
+    """`res` with its verdict under `draws` timing draws, `fit` those that fit: its report's
+    `timing_draws` (how many fit, of how many, their times, `more`), and a note when some ran
+    out of memory."""
+    n = len(fit)
+    res.report["timing_draws"] = {
+        "draws": draws, "fit": n, **more,
+        "times_us": [round(d.report["timed_iteration_time_us"], 1) for d in fit]}
+    if n < draws:
+        res.report["notes"].append(
+            f"fits the recorded timing, but {n} of {draws} runs under draws of the timing "
+            f"variation measured between real iterations do "
+            f"({'likely' if 2 * n > draws else 'unlikely'} to fit a real run: near the "
+            f"capacity, which blocks the allocator reuses follows the timing)")
+    return res
+
+
 def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: AllocatorSpec,
                 capacity: int, draws: int, runner: RunPlan, result: SimResult,
                 options: dict[str, Any]) -> SimResult:
@@ -83,24 +100,11 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
         runs = timing_draws(trace, hw, plan, allocator, capacity, draws, **options)
         return None if runs is None else [d for d in runs if d.report["fits"]]
 
-    def drawn(res: SimResult, fit: list[SimResult], **more: Any) -> SimResult:
-        n = len(fit)
-        res.report["timing_draws"] = {
-            "draws": draws, "fit": n, **more,
-            "times_us": [round(d.report["timed_iteration_time_us"], 1) for d in fit]}
-        if n < draws:
-            res.report["notes"].append(
-                f"fits the recorded timing, but {n} of {draws} runs under draws of the timing "
-                f"variation measured between real iterations do "
-                f"({'likely' if 2 * n > draws else 'unlikely'} to fit a real run: near the "
-                f"capacity, which blocks the allocator reuses follows the timing)")
-        return res
-
     fit = fitting(result.plan)
     if fit is None:
         return result
     if 2 * len(fit) > draws:
-        return drawn(result, fit)
+        return drawn(result, fit, draws)
     for step in range(1, MARGIN_STEPS + 1):
         budget = int(capacity * (1 - MARGIN_STEP * step))
         plan = policy.plan_with(trace, hw, budget, runner)
@@ -114,5 +118,5 @@ def with_margin(trace: Trace, hw: Hardware, policy: Planner, allocator: Allocato
                 f"capacity: the plan for the capacity fit the recorded timing but only "
                 f"{len(fit)} of {draws} runs under draws of the timing variation measured "
                 f"between real iterations did; {len(got)} of {draws} of this one do")
-            return drawn(again, got, margin=round(MARGIN_STEP * step, 2))
-    return drawn(result, fit)
+            return drawn(again, got, draws, margin=round(MARGIN_STEP * step, 2))
+    return drawn(result, fit, draws)

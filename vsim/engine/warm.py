@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from ..trace.schema import Trace
 
 ROOM = 1 << 50  # the warm-up's capacity: the whole GPU, which the plain step never fills
-REPLAY = True  # the recorded history where there is one (False: always the engine's order)
 
 
 def _replayed(trace: Trace, memory: CachingAllocator) -> dict[int, object] | None:
@@ -88,13 +87,13 @@ def warm_layout(trace: Trace, hw: Hardware, spec: AllocatorSpec, capacity_bytes:
     plain iteration with room placed them, its cache emptied; and the resident tensors' blocks
     (tensor -> block), for the first capped iteration to adopt."""
     prep = trace_prep(trace)
-    key = (hw.name, spec, transients is not None, REPLAY)
+    key = (hw.name, spec, transients is not None)
     warm = prep.warm.get(key)
     if warm is None:
         memory = spec.build(ROOM)
         if not isinstance(memory, CachingAllocator):
             raise TypeError(f"no warm start for the {type(memory).__name__} model")
-        resident = _replayed(trace, memory) if REPLAY else None
+        resident = _replayed(trace, memory)
         if resident is None:
             engine = Engine(trace, hw, Plan(), memory, first_use=prep.first_use(),
                             transients=transients, logged=False)
