@@ -246,7 +246,8 @@ def time_at_recorded_speed(measured: dict[str, Any], trace_meta: dict[str, Any]
     run's iterations come at either of two speeds, so this compares like with like."""
     ref = trace_meta.get("measured_speed_probe_us")
     # pooled runs carry theirs (pool_runs); a single run its own
-    probes = measured.get("speed_probes_us", _speed_probes(measured))
+    probes = (measured["speed_probes_us"] if "speed_probes_us" in measured
+              else _speed_probes(measured))
     times = measured.get("iteration_times_us")
     if not isinstance(ref, list) or not ref or not probes or not measured.get("fits") \
             or not isinstance(times, list) or len(times) != len(probes):
@@ -542,18 +543,19 @@ def metric_ok(row: dict[str, Any], metric: str) -> bool:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean_abs(errs: list[float]) -> float | None:
+        return math.fsum(abs(e) for e in errs) / len(errs) if errs else None
+
     def mape(metric: str) -> float | None:
-        errs = [abs(r["error"][metric]) for r in rows if r["error"].get(metric) is not None]
-        return math.fsum(errs) / len(errs) if errs else None
+        return mean_abs([r["error"][metric] for r in rows if r["error"].get(metric) is not None])
 
     spreads = [r["time_spread"]["relative"] for r in rows if r.get("time_spread")]
-    matched = [abs(r["time_at_recorded_speed"]["error"]) for r in rows
+    matched = [r["time_at_recorded_speed"]["error"] for r in rows
                if r.get("time_at_recorded_speed", {}).get("error") is not None]
     return {"n": len(rows), "time_mape": mape("iteration_time"),
             # over the cases whose trace and run both probed the core's speed per iteration:
             # the measured iterations at the recording's speed only (time_at_recorded_speed)
-            "at_recorded_speed": ({"n": len(matched),
-                                   "time_mape": math.fsum(matched) / len(matched)}
+            "at_recorded_speed": ({"n": len(matched), "time_mape": mean_abs(matched)}
                                   if matched else None),
             "peak_mape": mape("peak_allocated"), "reserved_mape": mape("peak_reserved"),
             "fits_correct": sum(r["predicted"]["fits"] == bool(r["measured"]["fits"])

@@ -44,36 +44,35 @@ def _switches() -> int | None:
 class HostUse:
     """`start()` before an iteration's step (the speed probe first), `issued()` when the step
     returns (before the final sync, whose wait would count as CPU time where the driver
-    spins); the measured iterations' figures accumulate in `cpu_us`, `speed_us` and
-    `switches`, and `steal_us()` gives the machine's steal per CPU since the first
-    `start()`."""
+    spins), `keep()` for a measured one; their figures accumulate in `cpu_us`, `speed_us` and
+    `switches`, and `steal_us()` gives the machine's steal per CPU since it was made
+    (just before the first iteration)."""
 
     def __init__(self) -> None:
         self.cpu_us: list[float] = []
         self.switches: list[int] = []
         self.speed_us: list[float] = []
-        self._speed = 0.0
-        self._cpu0 = 0.0
+        self._speed = self._cpu0 = self._cpu = 0.0
+        self._sw: int | None = None
         self._sw0: int | None = None
-        self._steal0: int | None = None
-        self._first = True
+        self._steal0 = _steal_ticks()
 
     def start(self) -> None:
         self._speed = speed_probe_us()
-        if self._first:
-            self._steal0 = _steal_ticks()
-            self._first = False
         self._sw0 = _switches()
         self._cpu0 = time.process_time()
 
-    def issued(self, keep: bool) -> None:
-        cpu = (time.process_time() - self._cpu0) * 1e6
+    def issued(self) -> None:
+        self._cpu = round((time.process_time() - self._cpu0) * 1e6, 1)
         sw = _switches()
-        if keep:
-            self.cpu_us.append(round(cpu, 1))
-            self.speed_us.append(self._speed)
-            if sw is not None and self._sw0 is not None:
-                self.switches.append(sw - self._sw0)
+        self._sw = None if sw is None or self._sw0 is None else sw - self._sw0
+
+    def keep(self) -> None:
+        """The iteration just issued is a measured one: its figures join the lists."""
+        self.cpu_us.append(self._cpu)
+        self.speed_us.append(self._speed)
+        if self._sw is not None:
+            self.switches.append(self._sw)
 
     def steal_us(self) -> float | None:
         now = _steal_ticks()

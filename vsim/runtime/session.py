@@ -442,7 +442,7 @@ class Session:
                 else:
                     self.step()
                 t_issued = time.perf_counter()
-                host_use.issued(i >= warmup and i != last)
+                host_use.issued()
                 self._sync()
                 dt = (time.perf_counter() - t0) * 1e6
                 if prof is not None:
@@ -453,6 +453,7 @@ class Session:
                     times.append(dt)
                     issued.append((t_issued - t0) * 1e6)
                     gc_per_iteration.append(gc_clock.us - gc_before)
+                    host_use.keep()
                     if stats is not None:
                         measured_stats.append(stats)
                     if self.gpu:
