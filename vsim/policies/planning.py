@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,23 +91,27 @@ def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
     return {o: memo[o] for o in ops if memo[o] >= 0}
 
 
+def span_sums(length: int, los: Sequence[int], his: Sequence[int],
+              sizes: Sequence[int]) -> np.ndarray:
+    """Per slot of [0, length), the sum of `sizes[i]` over the spans [los[i], his[i]) that
+    cover it (every end at most `length`), as integers. The spans' ends are added at once
+    (np.add.at): the same sums as a slice update per span, which took several ms per planning
+    for a trace's every tensor."""
+    delta = np.zeros(length + 1, dtype=np.int64)
+    if len(sizes):
+        size = np.array(sizes, dtype=np.int64)
+        np.add.at(delta, np.array(los, dtype=np.int64), size)
+        np.subtract.at(delta, np.array(his, dtype=np.int64), size)
+    out: np.ndarray = np.cumsum(delta[:-1])
+    return out
+
+
 def interval_profile(view: TraceView, tensors: Iterable[int]) -> np.ndarray:
     """Per slot, the bytes of `tensors` allocated then (each from its allocation slot up to its
     free slot), as integers."""
-    delta = np.zeros(view.n_slots + 1, dtype=np.int64)
-    # (the ends gathered and added at once, np.add.at: integers, the same sums as a numpy
-    # scalar update per tensor, which took several ms per planning for a trace's every tensor)
-    lo, hi, sizes = [], [], []
-    for t in tensors:
-        sizes.append(view.tensor[t].size_bytes)
-        lo.append(view.alloc_slot(t))
-        hi.append(view.free_slot(t))
-    if sizes:
-        size = np.array(sizes, dtype=np.int64)
-        np.add.at(delta, np.array(lo, dtype=np.int64), size)
-        np.subtract.at(delta, np.array(hi, dtype=np.int64), size)
-    out: np.ndarray = np.cumsum(delta)[:view.n_slots]
-    return out
+    ts = list(tensors)
+    return span_sums(view.n_slots, [view.alloc_slot(t) for t in ts],
+                     [view.free_slot(t) for t in ts], [view.tensor[t].size_bytes for t in ts])
 
 
 class Usage:
@@ -446,18 +450,13 @@ def apply_releases(usage: Usage, view: TraceView, releases: Iterable[Release]) -
 def host_pool_bytes(view: TraceView, swaps: Iterable[Swap]) -> int:
     """Most bytes held on the host at once, from each offload's start to its prefetch's need:
     the size of a pinned pool whose buffers are reused (vDNN++, SuperNeurons)."""
-    delta = np.zeros(view.n_slots + 2, dtype=np.int64)
-    # (the spans gathered, then added at once: integers, the same sums as one at a time)
-    los, his, sizes = [], [], []
-    for s in swaps:
-        los.append(view.end(s.offload_op) if s.after else view.start(s.offload_op))
-        his.append(view.start(s.need_op) + 1)
-        sizes.append(view.tensor[s.tensor].size_bytes)
-    if sizes:
-        size = np.array(sizes, dtype=np.int64)
-        np.add.at(delta, np.array(los, dtype=np.int64), size)
-        np.subtract.at(delta, np.array(his, dtype=np.int64), size)
-    return int(np.cumsum(delta).max()) if len(delta) else 0
+    sw = list(swaps)
+    # (a span may end one past the last slot: the need's slot included)
+    return int(span_sums(view.n_slots + 1,
+                         [view.end(s.offload_op) if s.after else view.start(s.offload_op)
+                          for s in sw],
+                         [view.start(s.need_op) + 1 for s in sw],
+                         [view.tensor[s.tensor].size_bytes for s in sw]).max())
 
 
 class Evictions:

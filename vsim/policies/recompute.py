@@ -53,7 +53,7 @@ from . import planning
 from .base import register
 from .fitted import Attempt, FittedPolicy, Judge, fit_with_notes, planning_view
 from .layers import TraceView
-from .planning import Usage, alive_in_trace, anchor_prefetches
+from .planning import Usage, alive_in_trace, anchor_prefetches, span_sums
 
 GRID_CUTS = 240
 """Most cut points the DP considers."""
@@ -543,31 +543,30 @@ class Segmenter:
         view = self.view
         u = Usage(view, self.retimes)
         back: dict[int, int] = {}
-        # The spans Usage.add and remove would change, as the ends of spans (+ at the first
-        # slot, - past the last) summed into the profile at once: integers, the same bytes as
-        # a slice each (0.5 ms a call for a plan of hundreds of drops). Every slot lies in
-        # [0, n_slots), a span's end at most n_slots.
-        at: list[int] = []
-        change: list[int] = []
+        # The spans Usage.add and remove would change, summed into the profile at once
+        # (span_sums: the same bytes as a slice each, 0.5 ms a call for a plan of hundreds of
+        # drops): + a recomputation's transients at its slot, - a dropped tensor's bytes
+        # while it is away
+        los: list[int] = []
+        his: list[int] = []
+        sizes: list[int] = []
         for act in acts:
             if isinstance(act, RecomputeAction):
                 slot = view.before(act.before_op)
                 for t in act.tensors:
                     back[t] = slot
-                extra = self.transient_bytes(act.ops, set(act.tensors), slot)
-                at += (slot, slot + 1)
-                change += (extra, -extra)
+                los.append(slot)
+                his.append(slot + 1)
+                sizes.append(self.transient_bytes(act.ops, set(act.tensors), slot))
         for act in acts:
             if isinstance(act, Drop):
                 lo, hi = view.end(act.after_op), back[act.tensor]
                 if hi > lo:  # (Usage.remove of an empty span changes nothing)
-                    size = view.tensor[act.tensor].size_bytes
-                    at += (lo, hi)
-                    change += (-size, size)
-        if at:
-            delta = np.zeros(len(u.bytes) + 1, dtype=np.int64)
-            np.add.at(delta, np.array(at, dtype=np.int64), np.array(change, dtype=np.int64))
-            u.bytes += np.cumsum(delta[:-1])
+                    los.append(lo)
+                    his.append(hi)
+                    sizes.append(-view.tensor[act.tensor].size_bytes)
+        if sizes:
+            u.bytes += span_sums(len(u.bytes), los, his, sizes)
         return u
 
     def _peaks(self, entries: list[int], trans: np.ndarray, base: np.ndarray) -> np.ndarray:
