@@ -43,7 +43,7 @@ def main() -> None:
                                [r["step_us"] / 1e3 for r in p["rows"]], s=14, label=f"process {i}")
                 ax.set_xlabel(f"{k[:-3]} probe before the step (ms)")
                 ax.set_ylabel("step (ms)")
-                ax.set_title(f"{name}: step against the {k[:-3]} probe")
+                ax.set_title(f"{name}: step against the {k[:-3]} probe", fontsize=9)
             row[0].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(sys.argv[sys.argv.index("--plot") + 1], dpi=90)

@@ -1,7 +1,8 @@
 """Which host probe follows the training step's host-bound time from one process to the next?
 
 Run on the GPU machine: `python validation/host/noise/processes/probe_processes.py OUT.json
-[MODEL BATCH PROCESSES]` (default densenet169 32 6). Each of PROCESSES fresh processes builds
+[MODEL BATCH PROCESSES] [--cpus A,B,...]` (default densenet169 32 6; --cpus: process i pinned to
+the i-th CPU of the list, cycled). Each of PROCESSES fresh processes builds
 the model (torchvision, SGD, fp32, as `vsim record` does), runs 3 warm-up steps, then 10 steps,
 each after four probes:
 - `python_us`: vsim.record.hostprobe.speed_probe_us, a pure-Python loop (what the recorder and
@@ -24,7 +25,11 @@ import sys
 import time
 
 
-def child(model: str, batch: int) -> dict:
+def child(model: str, batch: int, cpu: int | None = None) -> dict:
+    import os
+
+    if cpu is not None:  # the whole process on one CPU (its threads too)
+        os.sched_setaffinity(0, {cpu})
     import numpy as np
     import torch
     import torchvision
@@ -75,23 +80,30 @@ def child(model: str, batch: int) -> dict:
         torch.cuda.synchronize()
         r["step_us"] = (time.perf_counter() - t0) * 1e6
         rows.append(r)
-    return {"model": model, "batch": batch, "rows": rows}
+    return {"model": model, "batch": batch, "cpu": cpu, "rows": rows}
 
 
 def main() -> None:
     if sys.argv[1] == "--child":
-        print(json.dumps(child(sys.argv[2], int(sys.argv[3]))))
+        cpu = int(sys.argv[4]) if len(sys.argv) > 4 else None
+        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), cpu)))
         return
     out, model, batch, n = sys.argv[1], "densenet169", 32, 6
     if len(sys.argv) > 2:
         model, batch, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    # --cpus A,B,...: process i pinned to CPU i of the list (cycled)
+    cpus = [int(c) for c in sys.argv[sys.argv.index("--cpus") + 1].split(",")] \
+        if "--cpus" in sys.argv else None
     procs = []
     for i in range(n):
-        got = subprocess.run([sys.executable, __file__, "--child", model, str(batch)],
+        pin = [] if cpus is None else [str(cpus[i % len(cpus)])]
+        got = subprocess.run([sys.executable, __file__, "--child", model, str(batch), *pin],
                              capture_output=True, text=True, check=True)
         res = json.loads(got.stdout.strip().splitlines()[-1])
         med = {k: statistics.median(r[k] for r in res["rows"]) for k in res["rows"][0]}
-        print(f"process {i}: " + ", ".join(f"{k} {v:.0f}" for k, v in med.items()), flush=True)
+        where = "" if cpus is None else f" (cpu {pin[0]})"
+        print(f"process {i}{where}: " + ", ".join(f"{k} {v:.0f}" for k, v in med.items()),
+              flush=True)
         procs.append({**res, "median": med})
     import torch
     doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
