@@ -230,6 +230,9 @@ def test_an_edited_plan_file_that_cannot_apply_is_refused(tmp_path, action, mess
     ({"format": "vsim-plan", "version": 1, "trace": {"digest": "0" * 64},
       "plan": {"actions": [{"action": "drop", "tensor": 1}]}},
      r"plan.actions\[0\].after_op: missing"),
+    ({"format": "vsim-plan", "version": 1, "trace": {"digest": "0" * 64},
+      "plan": {"actions": [{"action": "retime", "op": 1, "dur_us": 5.0, "parts": 0}]}},
+     r"plan.actions\[0\].parts: must be at least 1"),
 ])
 def test_bad_plan_files_name_the_place(doc, message):
     with pytest.raises(ConfigError, match=message):

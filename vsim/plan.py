@@ -15,7 +15,10 @@ Actions, all keyed by op ids of the trace:
 - Recompute(ops, before_op, tensors): re-run forward ops `ops` just before `before_op`, which
   re-allocates `tensors` (outputs of those ops that were dropped).
 - Release(tensor, after_op): free the tensor earlier than the trace did (liveness analysis).
-- Retime(op, dur_us, workspace_bytes, note): run an op with another algorithm (vDNN (m)/(p)).
+- Retime(op, dur_us, workspace_bytes, note, parts): run an op with another algorithm (vDNN
+  (m)/(p)); parts > 1: a convolution run as that many micro-batches along its batch dimension,
+  so that each needs a part of the workspace (workspace_bytes: what the split op allocates
+  beyond its results: a part's workspace and output).
 """
 
 from __future__ import annotations
@@ -70,12 +73,20 @@ class Release:
     after_op: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Retime:
     op: int
     dur_us: float
     workspace_bytes: int | None = None
     note: str = ""
+    parts: int = 1
+
+    def __repr__(self) -> str:
+        # parts left out where it is 1: plan_digest is the repr of the actions, and the plans
+        # measured before micro-batching existed keep their digests
+        more = f", parts={self.parts}" if self.parts != 1 else ""
+        return (f"Retime(op={self.op!r}, dur_us={self.dur_us!r}, "
+                f"workspace_bytes={self.workspace_bytes!r}, note={self.note!r}{more})")
 
 
 Action = Offload | Prefetch | Sync | Drop | Recompute | Release | Retime

@@ -228,6 +228,8 @@ class _Reader:
                     raise self.fail(f"{path}.{name}", f"missing ({tag} needs it)")
                 continue
             kwargs[name] = self._field(a[name], hints[name], f"{path}.{name}")
+        if cls is Retime and kwargs.get("parts", 1) < 1:
+            raise self.fail(f"{path}.parts", f"must be at least 1, got {kwargs['parts']!r}")
         return typing.cast(Action, cls(**kwargs))
 
     def _field(self, v: Any, hint: Any, path: str) -> Any:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 
 from .compute import Efficiencies, load_efficiencies, memory_algo_ratio, op_class, op_costs
 from .errors import HardwareError
 from .hardware import Hardware
 from .plan import Retime
-from .trace.schema import Trace
+from .trace.schema import Op, Tensor, Trace
 
 # Implicit-GEMM (no workspace) against the fastest algorithm, for traces whose GPU is unknown:
 # cuDNN's own benchmarks put IMPLICIT_GEMM at about 1.3-2x the fastest algorithm on large 3x3
@@ -118,3 +119,27 @@ def _memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], l
     if counts["estimated"]:
         notes.append(SLOWDOWN_NOTE + f" ({counts['estimated']} ops)")
     return retimes, notes
+
+
+# Micro-batching: a convolution run as `parts` calls on slices of its batch, each result copied
+# into place (vsim.runtime.microbatch). cuDNN's workspace grows with the batch, so each part
+# needs about 1/parts of it (VGG-16's conv 0.2 on the H100: 1.64 GB at batch 64, 6.58 GB at 256,
+# validation/workspace-free/h100/vgg16-b*-room.convs.json) while the work stays the same.
+MICROBATCH_PARTS = (2, 4, 8, 16, 32)
+
+
+def microbatch_retime(op: Op, tensors: Mapping[int, Tensor], hw: Hardware,
+                      parts: int) -> Retime | None:
+    """`op` (a convolution's forward or backward op that writes a workspace) run as `parts`
+    micro-batches with its recorded algorithm: the same kernels' work (the recorded time: a
+    convolution's work is linear in its batch), plus copying each part's results into place (read
+    and written once at the profile's DRAM bandwidth). Beyond its results it allocates one
+    part's workspace and one part's results, `workspace_bytes`. None: no workspace to split."""
+    ws = sum(tensors[t].size_bytes for t in op.writes if tensors[t].kind == "workspace")
+    results = sum(tensors[t].size_bytes for t in op.writes if tensors[t].kind != "workspace")
+    if ws == 0 or parts < 2:
+        return None
+    copy_us = 2 * results / hw.dram_bytes_per_us
+    extra = -(-ws // parts) + -(-results // parts)
+    return Retime(op=op.id, dur_us=op.dur_us + copy_us, workspace_bytes=extra,
+                  note="micro-batched", parts=parts)

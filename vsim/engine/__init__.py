@@ -455,7 +455,8 @@ class _WorkspaceFree(Mapping[int, Retime]):
 
     @functools.cached_property
     def _table(self) -> dict[int, Retime]:
-        planned = {a.op for a in self._plan.actions if isinstance(a, Retime)}
+        # (a micro-batched convolution falls back too: each part is a call of its own)
+        planned = {a.op for a in self._plan.actions if isinstance(a, Retime) and a.parts == 1}
         retimes, _ = memory_optimal_retimes(self._trace, self._hw)
         return {r.op: dataclasses.replace(r, note=FALLBACK) for r in retimes
                 if r.op not in planned}

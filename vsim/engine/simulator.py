@@ -128,6 +128,13 @@ class Engine:
         self.prep = prep
         self.tensors: dict[int, Tensor] = prep.tensors
         self.size = prep.size
+        split = [r for r in self.retime.values() if r.workspace_bytes]
+        if split:  # micro-batched convolutions: their workspace is what one part needs
+            self.size = dict(prep.size)
+            for r in split:
+                ws = [t for t in prep.ops[r.op].writes if prep.tensors[t].kind == "workspace"]
+                for i, t in enumerate(ws):
+                    self.size[t] = int(r.workspace_bytes or 0) if i == 0 else 0
         self.ops: dict[int, Op] = prep.ops
         self.streams = prep.streams
         # SimPy events only for ops another stream waits for.

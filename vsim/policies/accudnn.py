@@ -40,7 +40,7 @@ class AccUDNN(FittedPolicy):
     name = "accudnn"
     description = ("AccUDNN: a performance model swaps the feature maps whose transfers hide "
                    "under compute, until the capacity is met")
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     examples = ("accudnn:algo=memory",)
 
     def plan_for(self, a: Attempt) -> Plan:

@@ -403,7 +403,7 @@ def _escalate(judge: Callable[[Plan], dict[str, Any]], build: PlanBuilder,
 class Attempt:
     """One plan at one budget: what every capacity-aware policy starts from. `forced`: the
     convolutions a profiling run could not give their workspace (run without it under
-    algo=auto)."""
+    algo=auto or microbatch)."""
 
     trace: Trace
     hw: Hardware
@@ -465,3 +465,4 @@ class FittedPolicy(Policy):
 
     def plan_for(self, attempt: Attempt) -> Plan:
         raise NotImplementedError
+

@@ -48,7 +48,7 @@ class Hybrid(FittedPolicy):
     name = "hybrid"
     description = ("Capuchin-style: evict feature maps under memory pressure by swap or "
                    "recomputation, whichever costs less for that tensor")
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     examples = ("hybrid:algo=memory",)
 
     def plan_for(self, a: Attempt) -> Plan:

@@ -40,7 +40,7 @@ class Layrub(FittedPolicy):
     description = ("Layrub: release after last use, migrate every layer's feature maps to the host "
                    "after the forward, fetch them back `buffers` layers ahead")
     buffers: int = 2
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     examples = ("layrub:buffers=1", "layrub:buffers=4")
 
     def __post_init__(self) -> None:

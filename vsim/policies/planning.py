@@ -22,7 +22,12 @@ import numpy as np
 from ..hardware import Hardware
 from ..plan import Action, Drop, Offload, Plan, Prefetch, Recompute, Release, Retime
 from ..trace.schema import Trace
-from ..workspace_free import SLOWDOWN_NOTE, memory_optimal_retimes
+from ..workspace_free import (
+    MICROBATCH_PARTS,
+    SLOWDOWN_NOTE,
+    memory_optimal_retimes,
+    microbatch_retime,
+)
 from .layers import TraceView
 
 
@@ -35,7 +40,9 @@ def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, bu
     read nor write) plus the workspace exceeds the budget. That is what cuDNN-based frameworks
     do when a workspace cannot be allocated (PyTorch falls back to an algorithm that needs
     less; SuperNeurons sizes the workspace to the free memory). Under auto, the ops in `forced`
-    (whose workspace a profiling run could not allocate) are downgraded too."""
+    (whose workspace a profiling run could not allocate) are downgraded too. microbatch: as
+    auto, but a convolution whose working set would fit as micro-batches runs so instead
+    (microbatch_instead; `forced` ones still without workspace)."""
     if algo == "performance":
         return [], []
     retimes, notes = memory_optimal_retimes(trace, hw)
@@ -43,16 +50,43 @@ def algorithm_retimes(trace: Trace, hw: Hardware, view: TraceView, algo: str, bu
         return retimes, notes
     least = least_working_sets(view, [r.op for r in retimes])
     keep = [r for r in retimes if r.op in least and (least[r.op] > budget or r.op in forced)]
-    if not keep:
-        return [], []
-    names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in keep)
-    how = {n: sum(r.note == n for r in keep) for n in ("measured", "modelled", "estimated")}
-    times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
-    out = [f"algo=auto: {len(keep)} convolution(s) run without workspace, as their working set "
-           f"would not fit otherwise: {names} (their times: {times})"]
-    if how["estimated"]:
-        out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
+    if algo == "microbatch":
+        keep = [r if r.op in forced else microbatch_instead(view, hw, r, least[r.op], budget)
+                for r in keep]
+    split = [r for r in keep if r.parts > 1]
+    free = [r for r in keep if r.parts == 1]
+    out = []
+    if split:
+        out.append(f"algo=microbatch: {len(split)} convolution(s) run as micro-batches with "
+                   f"their recorded algorithm, as their working set would not fit otherwise: "
+                   + ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase} in {r.parts}"
+                               for r in split))
+    if free:
+        names = ", ".join(f"{view.op[r.op].layer} {view.op[r.op].phase}" for r in free)
+        how = {n: sum(r.note == n for r in free) for n in ("measured", "modelled", "estimated")}
+        times = ", ".join(f"{k} {v}" for k, v in how.items() if v)
+        out.append(f"algo=auto: {len(free)} convolution(s) run without workspace, as their "
+                   f"working set would not fit otherwise: {names} (their times: {times})")
+        if how["estimated"]:
+            out.append(f"{SLOWDOWN_NOTE} ({how['estimated']} ops)")
     return keep, out
+
+
+def microbatch_instead(view: TraceView, hw: Hardware, free: Retime, least: int,
+                       budget: int) -> Retime:
+    """algo=microbatch: the convolution `free` (its workspace-free retime) run instead as the
+    fewest micro-batches (workspace_free.MICROBATCH_PARTS) whose working set, `least` with one
+    part's workspace and results in place of its workspace, fits the budget and that are
+    faster than running it without workspace; `free` itself where none is."""
+    op = view.op[free.op]
+    ws = sum(view.tensor[t].size_bytes for t in op.writes if view.tensor[t].kind == "workspace")
+    for parts in MICROBATCH_PARTS:
+        got = microbatch_retime(op, view.tensor, hw, parts)
+        if got is None or got.dur_us >= free.dur_us:
+            break
+        if least - ws + (got.workspace_bytes or 0) <= budget:
+            return got
+    return free
 
 
 def least_working_sets(view: TraceView, ops: Iterable[int]) -> dict[int, int]:
@@ -120,10 +154,13 @@ class Usage:
 
     def __init__(self, view: TraceView, retimes: Iterable[Retime] = ()) -> None:
         self.view = view
+        retimes = list(retimes)
         no_ws = frozenset(r.op for r in retimes if r.workspace_bytes == 0)
+        # micro-batched convolutions: (op, the workspace one part needs)
+        split = frozenset((r.op, r.workspace_bytes) for r in retimes if r.workspace_bytes)
         # per set of workspace-free ops, memoised on the view (a profiling loop plans with the
         # same few sets at every budget); each Usage has its own copy
-        key = ("usage", no_ws)
+        key = ("usage", no_ws) if not split else ("usage", no_ws, split)
         base = view.memo.get(key)
         if base is None:
             full = view.memo.get(("usage", frozenset()))
@@ -141,8 +178,13 @@ class Usage:
             # the full profile less the workspaces of `no_ws` (integers: the same bytes as a
             # sum over every other tensor; one pass over the trace per view, not per set)
             ws = view.memo["usage workspaces"]
-            base = view.memo[key] = full - interval_profile(
-                view, [t for op in no_ws for t in ws.get(op, ())])
+            base = full - interval_profile(view, [t for op in no_ws for t in ws.get(op, ())])
+            for op, part in split:  # a part's workspace in place of the whole one
+                for i, t in enumerate(ws.get(op, ())):
+                    lo, hi = view.alloc_slot(t), view.free_slot(t)
+                    if hi > lo:
+                        base[lo:hi] -= view.tensor[t].size_bytes - (part if i == 0 else 0)
+            view.memo[key] = base
         self.bytes = base.copy()
 
     def copy(self) -> Usage:

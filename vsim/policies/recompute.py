@@ -1105,7 +1105,7 @@ class Checkpointing(FittedPolicy):
                    "recomputation that fits, by dynamic programming)")
     strategy: str = choice("optimal", "sqrt", "every-k")
     k: int = 2
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     examples = ("recompute:strategy=sqrt", "recompute:strategy=every-k,k=2",
                 "recompute:strategy=every-k,k=3")
 
@@ -1302,7 +1302,7 @@ class Checkpointing(FittedPolicy):
                 return self._plan(seg, cuts, "recompute optimal", rnotes)
             done = {r.op for r in retimes}
             left = [o for _, o in workspaces if o not in done]
-            if self.algo != "auto" or not left:
+            if self.algo not in ("auto", "microbatch") or not left:
                 break
             a = a.forcing(set(left[:step]))
             step *= 2

@@ -182,7 +182,7 @@ class SuperNeurons(FittedPolicy):
     description = ("SuperNeurons: liveness release, cost-aware recomputation of cheap layers, LRU "
                    "offload of CONV outputs under memory pressure with prefetch at backward CONVs")
     recompute: str = choice("auto", "speed", "memory", "off")
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     # memory-centric rebuilds: `reads` (default, the plans the validation corpus was measured
     # with) read what the trace still holds, so a segment whose rebuild would read an output it
     # drops is kept; `checkpoint` recomputes such outputs from the segment's checkpoint, as

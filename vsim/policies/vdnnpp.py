@@ -47,7 +47,7 @@ class VDNNPlusPlus(FittedPolicy):
     description = ("vDNN++: vDNN's offloads without per-layer sync, prefetch as early as memory "
                    "allows, a reused pinned host pool")
     mode: str = choice("all", "conv")
-    algo: str = choice("auto", "performance", "memory")
+    algo: str = choice("auto", "performance", "memory", "microbatch")
     examples = ("vdnnpp:mode=conv", "vdnnpp:algo=memory")
 
     def plan_for(self, a: Attempt) -> Plan:
