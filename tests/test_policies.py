@@ -529,3 +529,51 @@ def test_profiling_run_downgrades_the_convolution_whose_workspace_it_could_not_a
 
     p, notes = fit_by_profiling(planning_runner(EXACT), WIDE, HW, 1800 * M, build)
     assert p.actions == (Retime(2, 1.0, 0), Retime(5, 1.0, 0)) and notes == []
+
+
+def test_algo_microbatch_splits_the_convolution_whose_workspace_would_not_fit():
+    # As above, conv2's forward (op 2) needs 1840 MB with its 1000 MB workspace, at 1700 MB.
+    # As two micro-batches it needs y0 400 + y2 400 + weights 40 + one part's workspace 500 and
+    # results 200 = 1540 MB: it runs so, with its recorded time plus copying the parts' results
+    # into place, and the plan it makes fits with nothing moved the workspace-free one moved.
+    view = TraceView(WIDE)
+    retimes, notes = algorithm_retimes(WIDE, HW, view, "microbatch", 1700 * M)
+    assert [(r.op, r.parts) for r in retimes] == [(2, 2)]
+    op2 = view.op[2]
+    assert retimes[0].workspace_bytes == 500 * M + 200 * M
+    assert retimes[0].dur_us == pytest.approx(op2.dur_us + 2 * 400 * M / HW.dram_bytes_per_us)
+    assert "conv2 fwd in 2" in notes[0]
+    # at 1500 MB two parts are too many bytes for conv2 (1540), four fit (400 + 400 + 40 +
+    # 250 + 100); conv0 (1540 whole) goes in two (100 + 400 + 40 + 500 + 200)
+    parts = {r.op: r.parts for r in algorithm_retimes(WIDE, HW, view, "microbatch",
+                                                      1500 * M)[0]}
+    assert parts[2] == 4 and parts[0] == 2
+    r = run("accudnn:algo=microbatch", 1700 * M, WIDE)
+    assert r["fits"] and r["peak_allocated_bytes"] <= 1700 * M
+    # the engine holds one part's workspace while the op runs, not the recorded one
+    assert r["peak_allocated_bytes"] < run("accudnn:algo=performance", AMPLE, WIDE)[
+        "peak_allocated_bytes"]
+
+
+def test_a_micro_batched_retime_keeps_the_digest_of_plans_without_one():
+    from vsim.plan import plan_digest
+
+    # plan_digest is the repr of the actions: a Retime of one part reads as it did before
+    # Retime had `parts`, so the measured plans keep their digests
+    assert repr(Retime(3, 1.5, 0, "m")) == \
+        "Retime(op=3, dur_us=1.5, workspace_bytes=0, note='m')"
+    assert plan_digest(Plan(actions=(Retime(3, 1.5, 0, "m"),))) != \
+        plan_digest(Plan(actions=(Retime(3, 1.5, 0, "m", parts=2),)))
+
+
+def test_the_search_runs_convolutions_as_micro_batches_where_that_is_faster():
+    # At 1700 MB conv2's forward cannot have its whole workspace: the search's genome may run
+    # a convolution it takes off its workspace as micro-batches instead (Genome.split), which
+    # is faster than without a workspace here, and the plan it finds fits as simulated.
+    from vsim.search import search
+
+    r = search(WIDE, HW, 1700 * M, EXACT, budget_s=20)
+    split = {a.op: a.parts for a in r.plan.actions if isinstance(a, Retime) and a.parts > 1}
+    assert 2 in split and r.outcome.fits
+    slow = run("accudnn", 1700 * M, WIDE)  # conv2 without its workspace
+    assert r.outcome.time_us < slow["iteration_time_us"]

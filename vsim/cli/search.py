@@ -106,7 +106,9 @@ def format_search(result: dict[str, Any], meta: dict[str, Any], args: Any) -> st
         lines.append(f"search         {format_time(t):>10}  {s['swapped']} map(s) swapped "
                      f"({format_size(s['swapped_bytes'])}), {s['dropped']} recomputed "
                      f"({format_size(s['dropped_bytes'])}), "
-                     f"{s['workspace_free_convolutions']} convolution(s) without workspace")
+                     f"{s['workspace_free_convolutions']} convolution(s) without workspace"
+                     + (f", {s['micro_batched_convolutions']} as micro-batches"
+                        if s.get("micro_batched_convolutions") else ""))
     g = s["greedy_iteration_time_us"]
     lines.append(f"greedy start   {format_time(g) if g is not None else 'did not fit':>10}")
     if s["origin"].startswith("builtin:"):

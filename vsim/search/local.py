@@ -14,6 +14,7 @@ from ..allocator.base import AllocatorSpec
 from ..hardware import Hardware
 from ..plan import Plan
 from ..trace.schema import Trace
+from ..workspace_free import MICROBATCH_PARTS
 from .bound import forced_workspace_free
 from .problem import LEAD_SHIFTS, MAX_TOGGLE_CANDIDATES, Genome, Outcome, Problem
 
@@ -169,6 +170,11 @@ def moves(p: Problem, g: Genome, r: Outcome, rng: random.Random
     rng.shuffle(ops)
     for op in ops:
         yield g.toggle_slow(op), op in g.slow
+        if op in g.slow:  # as micro-batches instead, or fewer or more of them
+            have = dict(g.split).get(op, 1)
+            for k in (1, *MICROBATCH_PARTS):
+                if k != have:
+                    yield g.split_into(op, k), False
     yield dataclasses.replace(g, wait=not g.wait), False
     # 5. last: one more of the largest maps away (it may let another prefetch go earlier)
     kept = [t for t in p.by_size[:MAX_TOGGLE_CANDIDATES] if g.how(t) == "keep"]
@@ -289,15 +295,21 @@ def search(trace: Trace, hw: Hardware, capacity_bytes: int,
             history.append((p.evaluations, best.time_us))
     plan = p.plan(best_g)
     began = "the greedy plan" if origin == "greedy" else f"{origin}'s plan"
+    n_split = len(best_g.split)
     notes = [f"search: {len(best_g.swaps)} map(s) swapped, {len(best_g.drops)} recomputed, "
-             f"{len(best_g.slow)} convolution(s) without workspace; {p.evaluations} "
-             f"simulations, seed {seed}, local search from {began}"]
-    slow_notes = [n for n in p.retime_notes if best_g.slow]
+             f"{len(best_g.slow) - n_split} convolution(s) without workspace"
+             + (f", {n_split} as micro-batches" if n_split else "")
+             + f"; {p.evaluations} simulations, seed {seed}, local search from {began}"]
+    if n_split:
+        notes.append("micro-batched convolutions: vsim measure carries them out under its "
+                     "Python op tracker (vsim.runtime.microbatch)")
+    slow_notes = [n for n in p.retime_notes if len(best_g.slow) > n_split]
     plan = dataclasses.replace(plan, notes=(*notes, *slow_notes))
     counts = {"swapped": len(best_g.swaps), "dropped": len(best_g.drops),
               "swapped_bytes": sum(p.cands[t].size for t, _ in best_g.swaps),
               "dropped_bytes": sum(p.cands[t].size for t in best_g.drops),
-              "workspace_free_convolutions": len(best_g.slow), "wait_for_memory": best_g.wait,
+              "workspace_free_convolutions": len(best_g.slow) - n_split,
+              "micro_batched_convolutions": n_split, "wait_for_memory": best_g.wait,
               "candidates": len(p.cands)}
     return SearchResult(best_g, best, plan, g0, r0, p.evaluations, time.monotonic() - t0,
                         p.sim_seconds, converged, history, counts, origin, from_greedy)

@@ -32,7 +32,7 @@ from ..policies.planning import (
     stale_inputs,
 )
 from ..trace.schema import Trace
-from ..workspace_free import memory_optimal_retimes
+from ..workspace_free import memory_optimal_retimes, microbatch_retime
 
 MIN_CANDIDATE_BYTES = 2**20
 """Smaller saved maps stay: moving them frees next to nothing and costs a copy's latency."""
@@ -45,12 +45,14 @@ LEAD_SHIFTS = (1, 2, 4, 8, 16)
 class Genome:
     """One plan in the search's terms. `swaps`: (tensor, position in trace order of the op that
     issues its prefetch), sorted; `drops`: tensors; `slow`: convolution op ids run without
-    workspace; `wait`: Plan.wait_for_memory."""
+    workspace; `wait`: Plan.wait_for_memory; `split`: (op, parts) for the ops of `slow` run
+    instead as micro-batches with their recorded algorithm (workspace_free.microbatch_retime)."""
 
     swaps: tuple[tuple[int, int], ...] = ()
     drops: tuple[int, ...] = ()
     slow: tuple[int, ...] = ()
     wait: bool = True
+    split: tuple[tuple[int, int], ...] = ()
 
     @property
     def lead(self) -> dict[int, int]:
@@ -76,7 +78,14 @@ class Genome:
             (t, leads.get(t, p)) for t, p in self.swaps)))
 
     def toggle_slow(self, op: int) -> Genome:
-        return dataclasses.replace(self, slow=tuple(sorted(set(self.slow) ^ {op})))
+        return dataclasses.replace(self, slow=tuple(sorted(set(self.slow) ^ {op})),
+                                   split=tuple(s for s in self.split if s[0] != op))
+
+    def split_into(self, op: int, parts: int) -> Genome:
+        """`op` (in `slow`) as `parts` micro-batches (1: without workspace again)."""
+        rest = [s for s in self.split if s[0] != op]
+        return dataclasses.replace(self, split=tuple(sorted(
+            rest + ([(op, parts)] if parts > 1 else []))))
 
 
 @dataclass(frozen=True)
@@ -129,7 +138,7 @@ class Problem:
         self.cache: dict[Genome, Outcome] = {}
         self.evaluations = 0
         self.sim_seconds = 0.0
-        self._usage: dict[tuple[int, ...], Usage] = {}
+        self._usage: dict[object, Usage] = {}
         self._inputs: dict[tuple[int, ...], frozenset[int]] = {}
         self._groups: dict[tuple[int, ...], dict[tuple[int, ...], tuple[int, tuple[int, ...]]]] = {}
 
@@ -235,7 +244,7 @@ class Problem:
     def plan(self, g: Genome) -> Plan:
         view, pos = self.view, self.view.pos
         acts: list[Action] = list(self.releases)
-        acts += [self.memory_retime[o] for o in g.slow]
+        acts += self.retimes(g.slow, g.split)
         need = self.needs(g)
         swaps = sorted(g.swaps, key=lambda s: (pos[self.cands[s[0]].offload_op], s[0]))
         for t, _ in swaps:
@@ -289,28 +298,45 @@ class Problem:
         fetch = {a.tensor: a.at_op for a in plan.actions if isinstance(a, Prefetch)}
         swaps: dict[int, int] = {}
         drops, slow = set(), set()
+        split: dict[int, int] = {}
         for a in plan.actions:
             if isinstance(a, Offload) and a.tensor in self.cands and a.tensor in fetch:
                 swaps[a.tensor] = pos[fetch[a.tensor]]
             elif isinstance(a, Drop) and a.tensor in self.cands:
                 drops.add(a.tensor)
-            elif isinstance(a, Retime) and a.workspace_bytes == 0 and a.op in self.memory_retime:
+            elif isinstance(a, Retime) and a.op in self.memory_retime and (
+                    a.workspace_bytes == 0 or a.parts > 1):
                 slow.add(a.op)
+                if a.parts > 1:
+                    split[a.op] = a.parts
         return Genome(tuple(sorted(swaps.items())), tuple(sorted(drops - set(swaps))),
-                      tuple(sorted(slow)), plan.wait_for_memory)
+                      tuple(sorted(slow)), plan.wait_for_memory, tuple(sorted(split.items())))
 
     # ------------------------------------------------------------ prefetch placement
 
-    def base_usage(self, slow: tuple[int, ...]) -> Usage:
-        if slow not in self._usage:
-            u = Usage(self.view, [self.memory_retime[o] for o in slow])
+    def retimes(self, slow: tuple[int, ...], split: tuple[tuple[int, int], ...] = ()
+                ) -> list[Retime]:
+        parts = dict(split)
+        out = []
+        for o in slow:
+            r = microbatch_retime(self.view.op[o], self.view.tensor, self.hw, parts[o]) \
+                if o in parts else None
+            out.append(r or self.memory_retime[o])
+        return out
+
+    def base_usage(self, slow: tuple[int, ...], split: tuple[tuple[int, int], ...] = ()
+                   ) -> Usage:
+        key = (slow, split)
+        if key not in self._usage:
+            u = Usage(self.view, self.retimes(slow, split))
             apply_releases(u, self.view, self.releases)
-            self._usage[slow] = u
-        return self._usage[slow].copy()
+            self._usage[key] = u
+        return self._usage[key].copy()
 
     def evictions(self, g: Genome) -> Evictions:
         view = self.view
-        ev = Evictions(view, self.hw, self.base_usage(g.slow), self.capacity, blocking=g.wait)
+        ev = Evictions(view, self.hw, self.base_usage(g.slow, g.split), self.capacity,
+                       blocking=g.wait)
         need = self.needs(g)
         ev.needs.update(need)
         for t, _ in g.swaps:

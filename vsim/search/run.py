@@ -88,10 +88,12 @@ def plan_counts(trace: Trace, plan: Plan) -> dict[str, Any]:
     out = {a.tensor for a in plan.actions if isinstance(a, Offload)}
     dropped = {a.tensor for a in plan.actions if isinstance(a, Drop)}
     slow = {a.op for a in plan.actions if isinstance(a, Retime) and a.workspace_bytes == 0}
+    split = {a.op for a in plan.actions if isinstance(a, Retime) and a.parts > 1}
     return {"swapped": len(out), "dropped": len(dropped),
             "swapped_bytes": sum(size.get(t, 0) for t in out),
             "dropped_bytes": sum(size.get(t, 0) for t in dropped),
-            "workspace_free_convolutions": len(slow), "wait_for_memory": plan.wait_for_memory}
+            "workspace_free_convolutions": len(slow), "micro_batched_convolutions": len(split),
+            "wait_for_memory": plan.wait_for_memory}
 
 
 def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: AllocatorSpec
