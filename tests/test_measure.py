@@ -377,3 +377,31 @@ def test_fused_attention_draws_from_the_rng() -> None:
         assert _uses_rng(f), f
     for f in (aten.mm.default, aten.add.Tensor, aten._to_copy.default, aten.empty.memory_format):
         assert not _uses_rng(f), f
+
+
+def test_micro_batched_convolutions_train_as_the_whole_batch(cnn, tmp_path) -> None:
+    """A plan that runs every convolution (forward and backward) as micro-batches
+    (Retime.parts): the runtime splits those calls under the Python tracker, each part's
+    results assembled in place, and the step trains as with the whole batch (the weight
+    gradients summed over the parts in another order: equal to within rounding)."""
+    from vsim.plan import Retime
+    from vsim.plan_io import SavedPlan, save_plan, trace_digest
+
+    trace, s = cnn
+    convs = [op for op in trace.ops if op.layer_type == "conv"
+             and op.name in ("aten::conv2d", "ConvolutionBackward0")]
+    assert len(convs) >= 2
+    plan = Plan(actions=tuple(Retime(op=op.id, dur_us=op.dur_us, workspace_bytes=1, parts=2)
+                              for op in convs))
+    path = tmp_path / "split.json"
+    save_plan(SavedPlan(plan=plan, trace_digest=trace_digest(trace)), path)
+    result = s.run(f"plan:file={path}", None, iters=2, warmup=1)
+    assert result["fits"]
+    done = result["executed"]
+    assert done["tracker"] == "python" and done["split_calls"] == len(convs)
+    check = result["check"]
+    assert check["max_rel_grad_diff"] <= 1e-5, check
+    assert any("micro-batches" in n for n in result["notes"])
+    # the native tracker cannot replace a call: asked for, it is refused
+    with pytest.raises(ExecutorError, match="micro-batched"):
+        s.run(f"plan:file={path}", None, iters=1, warmup=0, tracker="native")

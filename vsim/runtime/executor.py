@@ -153,6 +153,7 @@ class IterationStats:
     # (registering outputs, the lookups)
     callback_timed_us: float = 0.0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
+    split_calls: int = 0  # convolution calls run as micro-batches (vsim.runtime.microbatch)
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -196,6 +197,9 @@ class Executor(Recomputation, NativeRuns):
         self.retimed: list[Retime] = list(index.retime.values())
         self.touched = touched = index.tensors_acted_on()
         self.squeeze_ops = {a.op for a in self.retimed if a.workspace_bytes == 0}
+        # convolutions run as micro-batches (vsim.runtime.microbatch): the Python tracker
+        # replaces their calls; the native one cannot
+        self.split_parts = {a.op: a.parts for a in self.retimed if a.parts > 1}
         self.tensor_by_id = trace.tensor_by_id()
         self.squeezing: tuple[int, int] | None = None  # (op, allocated bytes when it started)
         self.squeezed: list[int] = []        # ops whose squeezed run allocated no workspace
@@ -237,6 +241,11 @@ class Executor(Recomputation, NativeRuns):
         self.inputs_pending = False  # abort could not bring an offloaded input back
         releases = {o.release_after if o.release_after is not None else o.at_op
                     for o in plan.actions if isinstance(o, Offload)}
+        if self.split_parts and tracker != "python":
+            if tracker == "native":
+                raise ExecutorError("a plan with micro-batched convolutions runs under the "
+                                    "Python tracker only (the native one cannot replace a call)")
+            tracker = "python"
         self._init_tracking(
             tracker,
             plan_start_ops=(set(self.prefetch_at) | set(self.needs) | set(self.recompute_before)

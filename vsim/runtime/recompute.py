@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..plan import Recompute
+from .microbatch import SPLITTABLE, split_call
 
 if TYPE_CHECKING:
     from .executor import IterationStats
@@ -287,6 +288,7 @@ class Recomputation:
     constants: dict[int, torch.Tensor]
     scratch: dict[tuple[Any, ...], torch.Tensor]
     constant_calls: frozenset[int]
+    split_parts: dict[int, int]  # op -> micro-batches (vsim.runtime.microbatch)
     tracker_used: str
     track_until: int
     act: Any  # the native extension's actions and views, or None (vsim.runtime.native)
@@ -759,7 +761,10 @@ class Recomputation:
 
     def _timed(self, call: RecordedCall, args: Any, kwargs: Any) -> Any:
         t0 = time.perf_counter()
+        parts = self.split_parts.get(self.map.call_op[call.index]) if self.split_parts else None
         try:
+            if parts is not None and call.func in SPLITTABLE:
+                return split_call(call.func, args, kwargs, parts)
             return call.func(*args, **kwargs)
         finally:
             self.stats.replay_call_us += (time.perf_counter() - t0) * 1e6

@@ -216,6 +216,8 @@ def executed_summary(stats: IterationStats | None, ex: Executor | None,
             "replay": (None if not ex.recompute_before else
                        "compiled" if stats.tracker == "native" and ex._programs else "python"),
             "replay_note": ex.replay_note, "workspace_free_squeezed": ex.squeezed,
+            # calls run as micro-batches in the last iteration (vsim.runtime.microbatch)
+            "split_calls": stats.split_calls,
             "workspace_free_missed": ex.squeeze_missed}
 
 
@@ -225,7 +227,13 @@ def case_notes(plan: Plan, ex: Executor | None, stats: IterationStats | None,
     notes: list[str] = []
     retimes = [a for a in plan.actions if isinstance(a, Retime)]
     free = [a.op for a in retimes if a.workspace_bytes == 0]
-    other = [a.op for a in retimes if a.workspace_bytes != 0]
+    split = [a for a in retimes if a.parts > 1]
+    other = [a.op for a in retimes if a.workspace_bytes != 0 and a.parts == 1]
+    if split:
+        notes.append(f"{len(split)} convolution(s) run as micro-batches (ops "
+                     + ", ".join(f"{a.op} in {a.parts}" for a in split[:8])
+                     + f"): {stats.split_calls if stats is not None else 0} call(s) split in "
+                     "the last iteration, under the Python tracker")
     if free and (ex is None or not ex.gpu):
         notes.append(f"not executed: {len(free)} workspace-free Retime action(s) (no cuDNN "
                      "engines to choose here)")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .microbatch import SPLITTABLE, split_call
 from .opmap import is_profiler_op
 from .recompute import written_args
 
@@ -67,7 +68,12 @@ class Tracker(TorchDispatchMode):
         rec = ex.recording.get(op)
         track = rec is not None or op <= ex.track_until
         rng = ex.rng_state() if track and _uses_rng(func) else None
-        out = func(*args, **kwargs)  # inside a counted call: the counter does not count it
+        parts = ex.split_parts.get(op) if ex.split_parts else None
+        if parts is not None and func in SPLITTABLE:
+            out = split_call(func, args, kwargs, parts)  # below this mode: not counted
+            ex.stats.split_calls += 1
+        else:
+            out = func(*args, **kwargs)  # inside a counted call: the counter does not count it
         watch = ex.watch.get(k)
         if watch:
             ex.register(watch, out)
