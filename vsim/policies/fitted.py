@@ -465,4 +465,3 @@ class FittedPolicy(Policy):
 
     def plan_for(self, attempt: Attempt) -> Plan:
         raise NotImplementedError
-
