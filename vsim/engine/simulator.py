@@ -128,7 +128,7 @@ class Engine:
         self.prep = prep
         self.tensors: dict[int, Tensor] = prep.tensors
         self.size = prep.size
-        split = [r for r in self.retime.values() if r.workspace_bytes]
+        split = [r for r in self.retime.values() if r.parts > 1]
         if split:  # micro-batched convolutions: their workspace is what one part needs
             self.size = dict(prep.size)
             for r in split:

@@ -157,7 +157,7 @@ class Usage:
         retimes = list(retimes)
         no_ws = frozenset(r.op for r in retimes if r.workspace_bytes == 0)
         # micro-batched convolutions: (op, the workspace one part needs)
-        split = frozenset((r.op, r.workspace_bytes) for r in retimes if r.workspace_bytes)
+        split = frozenset((r.op, r.workspace_bytes or 0) for r in retimes if r.parts > 1)
         # per set of workspace-free ops, memoised on the view (a profiling loop plans with the
         # same few sets at every budget); each Usage has its own copy
         key = ("usage", no_ws) if not split else ("usage", no_ws, split)
