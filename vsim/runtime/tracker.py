@@ -69,7 +69,7 @@ class Tracker(TorchDispatchMode):
         track = rec is not None or op <= ex.track_until
         rng = ex.rng_state() if track and _uses_rng(func) else None
         parts = ex.split_parts.get(op) if ex.split_parts else None
-        if parts is not None and func in SPLITTABLE:
+        if parts is not None and func in SPLITTABLE and not kwargs:
             out = split_call(func, args, kwargs, parts)  # below this mode: not counted
             ex.stats.split_calls += 1
         else:
