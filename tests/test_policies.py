@@ -593,3 +593,9 @@ def test_the_search_runs_convolutions_as_micro_batches_where_that_is_faster():
     assert 2 in split and r.outcome.fits
     slow = run("accudnn", 1700 * M, WIDE)  # conv2 without its workspace
     assert r.outcome.time_us < slow["iteration_time_us"]
+    # the search's lower bound counts conv2's forward micro-batched, the faster way it can run
+    from vsim.search.bound import lower_bound
+
+    b = lower_bound(WIDE, HW, 1700 * M)
+    assert b["micro_batched_convolutions"] == [2] and b["workspace_free_convolutions"] == []
+    assert b["bound_us"] <= r.outcome.time_us

@@ -7,7 +7,7 @@ from typing import Any
 from ..allocator import make_allocator
 from ..engine import run_plan
 from ..hardware import Hardware
-from ..plan import Plan
+from ..plan import Plan, Retime
 from ..policies.layers import TraceView
 from ..policies.planning import (
     Usage,
@@ -16,22 +16,21 @@ from ..policies.planning import (
     liveness_releases,
 )
 from ..trace.schema import Trace
-from ..workspace_free import memory_optimal_retimes
+from ..workspace_free import MICROBATCH_PARTS, memory_optimal_retimes, microbatch_retime
 
 AMPLE = 2**62
 SAVED = ("activation", "input")
 
 
-def forced_workspace_free(trace: Trace, hw: Hardware, view: TraceView, capacity_bytes: int
-                          ) -> set[int]:
-    """Convolutions that cannot run with their recorded workspace in any plan: the trace's
-    bytes alive while they run (tensors freed after their last reader) less every saved
-    feature map they do not touch, plus their workspace, exceed the capacity."""
+def least_needs(trace: Trace, hw: Hardware, view: TraceView) -> dict[int, int]:
+    """Per convolution with a workspace: what the device must hold while it runs with it in
+    any plan: the trace's bytes alive then (tensors freed after their last reader) less every
+    saved feature map it does not touch, its workspace included."""
     retimes, _ = memory_optimal_retimes(trace, hw)
     u = Usage(view)
     apply_releases(u, view, liveness_releases(view))
     saved = [t for t in view.saved if view.tensor[t].kind in SAVED]
-    out = set()
+    out = {}
     for r in retimes:
         op = view.op[r.op]
         if not any(view.tensor[t].kind == "workspace" and view.tensor[t].size_bytes
@@ -41,9 +40,27 @@ def forced_workspace_free(trace: Trace, hw: Hardware, view: TraceView, capacity_
         touched = set(op.reads) | set(op.writes)
         movable = sum(view.tensor[t].size_bytes for t in saved
                       if t not in touched and alive_in_trace(view, t, slot))
-        if int(u.bytes[slot]) - movable > capacity_bytes:
-            out.add(r.op)
+        out[r.op] = int(u.bytes[slot]) - movable
     return out
+
+
+def forced_workspace_free(trace: Trace, hw: Hardware, view: TraceView, capacity_bytes: int
+                          ) -> set[int]:
+    """Convolutions that cannot run with their recorded workspace in any plan: their least
+    need (least_needs) exceeds the capacity."""
+    return {o for o, need in least_needs(trace, hw, view).items() if need > capacity_bytes}
+
+
+def _fastest_split(view: TraceView, hw: Hardware, op: int, need: int, capacity_bytes: int
+                   ) -> Retime | None:
+    """The fastest micro-batching of forced convolution `op` whose least need, with one part's
+    workspace and results in place of its workspace, fits the capacity (None: none does)."""
+    o = view.op[op]
+    ws = sum(view.tensor[t].size_bytes for t in o.writes if view.tensor[t].kind == "workspace")
+    fits = [r for k in MICROBATCH_PARTS
+            if (r := microbatch_retime(o, view.tensor, hw, k)) is not None
+            and need - ws + (r.workspace_bytes or 0) <= capacity_bytes]
+    return min(fits, key=lambda r: r.dur_us, default=None)
 
 
 def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, Any]:
@@ -56,9 +73,15 @@ def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, An
     view = TraceView(trace)
     retimes, _ = memory_optimal_retimes(trace, hw)
     by_op = {r.op: r for r in retimes}
-    forced = forced_workspace_free(trace, hw, view, capacity_bytes)
+    needs = least_needs(trace, hw, view)
+    forced = {o for o, need in needs.items() if need > capacity_bytes}
+    # a forced convolution may run as micro-batches instead, where a part's workspace fits
+    # (vsim search's genome can choose it): the faster of the two
+    split = {o: r for o in forced
+             if (r := _fastest_split(view, hw, o, needs[o], capacity_bytes)) is not None
+             and r.dur_us < by_op[o].dur_us}
     # compute: each convolution at its fastest allowed algorithm, nothing moved, ample memory
-    fastest = tuple(r for r in retimes
+    fastest = tuple(split.get(r.op, r) for r in retimes
                     if r.op in forced or r.dur_us < view.op[r.op].dur_us)
     run = run_plan(trace, hw, Plan(actions=fastest), make_allocator("exact"), AMPLE).output
     compute_us = run.end_us + float(trace.meta.get("iteration_tail_us", 0.0))
@@ -96,7 +119,8 @@ def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, An
     return {"bound_us": max(compute_us, link_us), "compute_us": compute_us,
             "link_us": link_us, "must_leave_bytes": must, "at_op": worst_op,
             "recompute_bound_us": min(rc_bound, max(compute_us, link_us)),
-            "workspace_free_convolutions": sorted(forced),
+            "workspace_free_convolutions": sorted(forced - set(split)),
+            "micro_batched_convolutions": sorted(split),
             "least_working_set_bytes": least, "least_working_set_op": least_op,
             "can_fit": least <= capacity_bytes}
 
