@@ -120,3 +120,24 @@ def _blocks(segment):
     while b is not None:
         yield b
         b = b.next
+
+
+def test_vsim_run_starts_warm_when_asked(capsys):
+    """`vsim run --warm-start`: the run starts as vsim measure's processes do (its note says
+    so); where the allocator is not the caching one, a note says the run starts cold."""
+    import json
+    from pathlib import Path
+
+    from vsim.cli import main
+
+    trace = str(Path(__file__).resolve().parents[1] / "traces/alexnet-b128-h100.vsim.json.gz")
+    args = ["run", trace, "--hw", "h100-sxm", "--memory", "2GiB", "--policy", "vdnn:mode=all"]
+    assert main([*args, "--warm-start", "--json"]) == 0
+    warm = json.loads(capsys.readouterr().out)
+    assert any(n.startswith("warm start:") for n in warm["notes"])
+    assert main([*args, "--json"]) == 0
+    cold = json.loads(capsys.readouterr().out)
+    assert not any(n.startswith("warm start:") for n in cold["notes"])
+    assert main([*args, "--warm-start", "--allocator", "expandable"]) == 0
+    assert "--warm-start models the first iteration of PyTorch's caching allocator only" \
+        in capsys.readouterr().err

@@ -41,6 +41,11 @@ def add_run_inspect_list(verbs: Any) -> None:
                    "training process's first iteration before the reported one, on the same "
                    "allocator (its segments and fragmentation carry over; default: with the "
                    "caching allocator)")
+    p.add_argument("--warm-start", action="store_true", help="start as vsim measure's "
+                   "processes do: a plain step with the whole GPU ran before the cap, so the "
+                   "optimizer's state and cuBLAS's workspaces already sit in the caching "
+                   "allocator's segments when the first capped iteration begins (the plan is "
+                   "made for that start too; caching allocator only)")
     p.add_argument("--workspace-fallback", action=argparse.BooleanOptionalAction, help="a "
                    "convolution whose workspace cannot be allocated runs without one, at its "
                    "workspace-free algorithm's time, as PyTorch falls back to another cuDNN "
@@ -156,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..allocator import make_allocator
     from ..engine import simulate
     from ..engine.prep import trace_prep
+    from ..engine.warm import supports_warm_start
     from ..policies import make_policy
     from ..retarget import for_hardware, hardware_with_overrides
     from ..sweep import AMPLE_BYTES, load_hw_spec
@@ -181,13 +187,19 @@ def _run(args: argparse.Namespace) -> int:
     prep = trace_prep(trace)  # the engine's lookups of the trace, made once for every run on it
     if retarget_note and not args.json:
         progress(f"note: {retarget_note}")
+    if args.warm_start and not args.json and (
+            args.first_iteration is False or not supports_warm_start(allocator.build(1))):
+        progress(f"note: --warm-start models the first iteration of PyTorch's caching allocator "
+                 f"only: with {args.allocator}"
+                 f"{' and --no-first-iteration' if args.first_iteration is False else ''} "
+                 f"the run starts cold")
     check_capacity(args.trace, trace, hw, capacity)
     if capacity is not None and capacity > hw.capacity_bytes and not args.json:
         progress(f"note: --memory {format_size(capacity)} is more than {hw.name} has "
                   f"({format_size(hw.capacity_bytes)}): simulating a larger card")
     results = [simulate(trace, hw, p, allocator, capacity, args.first_iteration,
                         args.workspace_fallback, runtime_cost=args.runtime_cost,
-                        draws=args.draws)
+                        draws=args.draws, warm_start=args.warm_start)
                for p in policies]
     # the slowdown's reference, as a sweep's: no policy with room for everything; a run of no
     # policy here that the capacity never constrained is that run (a 1M-op trace: half the time)
