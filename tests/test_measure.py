@@ -405,3 +405,14 @@ def test_micro_batched_convolutions_train_as_the_whole_batch(cnn, tmp_path) -> N
     # the native tracker cannot replace a call: asked for, it is refused
     with pytest.raises(ExecutorError, match="micro-batched"):
         s.run(f"plan:file={path}", None, iters=1, warmup=0, tracker="native")
+    # with sqrt recomputation: the recomputed convolutions are replayed split too
+    capacity = _tight(trace)
+    rc = make_policy("recompute:strategy=sqrt").plan(trace, s.hw, capacity)
+    rerun = {o for a in rc.actions if isinstance(a, Recompute) for o in a.ops}
+    assert rerun & {op.id for op in convs}
+    both = dataclasses.replace(rc, actions=(*rc.actions, *plan.actions))
+    save_plan(SavedPlan(plan=both, trace_digest=trace_digest(trace)), path)
+    result = s.run(f"plan:file={path}", capacity, iters=2, warmup=1)
+    assert result["fits"] and result["check"]["max_rel_grad_diff"] <= 1e-5
+    assert result["executed"]["split_calls"] == \
+        len(convs) + sum(op.id in rerun for op in convs)

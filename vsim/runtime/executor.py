@@ -153,7 +153,8 @@ class IterationStats:
     # (registering outputs, the lookups)
     callback_timed_us: float = 0.0
     tracker: str = "python"  # the op tracker of this iteration (vsim.runtime.nativerun)
-    split_calls: int = 0  # convolution calls run as micro-batches (vsim.runtime.microbatch)
+    # convolution calls run as micro-batches, replayed ones included (vsim.runtime.microbatch)
+    split_calls: int = 0
     host_peak_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 

@@ -763,7 +763,8 @@ class Recomputation:
         t0 = time.perf_counter()
         parts = self.split_parts.get(self.map.call_op[call.index]) if self.split_parts else None
         try:
-            if parts is not None and call.func in SPLITTABLE:
+            if parts is not None and call.func in SPLITTABLE and not kwargs:
+                self.stats.split_calls += 1
                 return split_call(call.func, args, kwargs, parts)
             return call.func(*args, **kwargs)
         finally:
