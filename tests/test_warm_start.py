@@ -141,3 +141,20 @@ def test_vsim_run_starts_warm_when_asked(capsys):
     assert main([*args, "--warm-start", "--allocator", "expandable"]) == 0
     assert "--warm-start models the first iteration of PyTorch's caching allocator only" \
         in capsys.readouterr().err
+
+
+def test_vsim_search_judges_for_a_warm_start_when_asked(capsys):
+    """`vsim search --warm-start`: the plan is searched, judged and reported for a process that
+    starts warm (the report's note says so, and the result says it was asked)."""
+    import json
+    from pathlib import Path
+
+    from vsim.cli import main
+
+    trace = str(Path(__file__).resolve().parents[1] / "traces/alexnet-b128-h100.vsim.json.gz")
+    args = ["search", trace, "--hw", "h100-sxm", "--memory", "1.4GiB", "--budget", "5",
+            "--no-builtins", "--json"]
+    assert main([*args, "--warm-start"]) == 0
+    got = json.loads(capsys.readouterr().out)["search"]
+    assert got["warm_start"] and got["fits"]
+    assert any(n.startswith("warm start:") for n in got["report"]["notes"])

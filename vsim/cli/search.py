@@ -40,6 +40,9 @@ def add_search(verbs: Any) -> None:
                    "policies for comparison")
     p.add_argument("--no-builtin-starts", action="store_true", help="compare with the "
                    "built-in policies but do not start the local search from their plans too")
+    p.add_argument("--warm-start", action="store_true", help="judge and run every plan for a "
+                   "process that starts as vsim measure's do, after a plain step with the "
+                   "whole GPU (as vsim run --warm-start; caching allocator only)")
     p.add_argument("--verbose", action="store_true", help="log each greedy step and "
                    "improvement on stderr")
     p.add_argument("--json", action="store_true")
@@ -80,7 +83,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                         else capacity, allocator, seed=args.seed, budget_s=budget,
                         kicks=args.kicks, builtins=not args.no_builtins,
                         builtin_starts=not args.no_builtin_starts, output=args.output,
-                        log=progress if args.verbose else None)
+                        log=progress if args.verbose else None, warm_start=args.warm_start)
     if args.json:
         emit_json(result)
     else:

@@ -250,14 +250,16 @@ class SearchResult:
 def search(trace: Trace, hw: Hardware, capacity_bytes: int,
            allocator: AllocatorSpec | None = None, *, seed: int = 0, budget_s: float = 60.0,
            kicks: int = 4, log: Callable[[str], None] | None = None,
-           starts: Callable[[], list[tuple[str, Plan]]] | None = None) -> SearchResult:
+           starts: Callable[[], list[tuple[str, Plan]]] | None = None,
+           warm_start: bool = False) -> SearchResult:
     """Greedy start, then local search with `kicks` perturbations (module docstring); then, when
     `starts` is given, local search again from each plan it returns (name, plan: the built-in
     policies' plans, as genomes, repaired when they do not fit). Stops early, at the best plan
-    so far, after `budget_s` seconds."""
+    so far, after `budget_s` seconds. `warm_start`: plans judged for a process that starts warm
+    (engine.run_plan's)."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
-    p = Problem(trace, hw, capacity_bytes, allocator)
+    p = Problem(trace, hw, capacity_bytes, allocator, warm_start=warm_start)
     rng = random.Random(seed)
     g0, r0 = greedy(p, log, deadline)
     best_g, best = g0, r0

@@ -116,8 +116,10 @@ class Problem:
     """A trace, hardware, capacity and allocator; builds and simulates plans for genomes."""
 
     def __init__(self, trace: Trace, hw: Hardware, capacity_bytes: int,
-                 allocator: AllocatorSpec | None = None, as_run: bool = True) -> None:
+                 allocator: AllocatorSpec | None = None, as_run: bool = True,
+                 warm_start: bool = False) -> None:
         self.trace, self.hw, self.capacity = trace, hw, capacity_bytes
+        self.warm_start = warm_start  # judged as a process that starts warm (engine.warm)
         self.allocator = allocator or make_allocator("exact")
         # Judged as `vsim run` judges (issue 14): the allocator's first iteration and workspace
         # fallback where it models PyTorch's (None: run_plan's default for the allocator).
@@ -276,7 +278,8 @@ class Problem:
             try:
                 run = run_plan(self.trace, self.hw, self.plan(g), self.allocator, self.capacity,
                                first_iteration=self.first_iteration,
-                               workspace_fallback=self.first_iteration).output
+                               workspace_fallback=self.first_iteration,
+                               warm_start=self.warm_start).output
             except PlanError as exc:
                 out = Outcome(False, math.inf, error=str(exc))
             else:

@@ -54,7 +54,8 @@ def builtin_specs() -> list[str]:
 
 
 def run_builtins(trace: Trace, hw: Hardware, capacity_bytes: int, allocator: AllocatorSpec,
-                 specs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
+                 specs: list[str], warm_start: bool = False
+                 ) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
     """One row per policy, each simulated as `vsim run` would (engine.simulate: its profiling
     runs judged on `allocator`): fits, iteration time (None when it does not fit), and where
     the time went; and each policy's plan (by its spec). A policy that raises is a row with
@@ -63,7 +64,7 @@ def run_builtins(trace: Trace, hw: Hardware, capacity_bytes: int, allocator: All
     for spec in specs:
         policy = make_policy(spec)
         try:
-            sim = simulate(trace, hw, policy, allocator, capacity_bytes)
+            sim = simulate(trace, hw, policy, allocator, capacity_bytes, warm_start=warm_start)
             plan, r = sim.plan, sim.report
         except Exception as exc:  # noqa: BLE001 (report another policy's bug, keep going)
             rows.append({"policy": spec, "fits": False, "iteration_time_us": None,
@@ -96,33 +97,36 @@ def plan_counts(trace: Trace, plan: Plan) -> dict[str, Any]:
             "wait_for_memory": plan.wait_for_memory}
 
 
-def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: AllocatorSpec
-                    ) -> tuple[Future[Builtins] | None, ProcessPoolExecutor | None]:
+def _start_builtins(trace: Trace, hw: Hardware, capacity: int, allocator: AllocatorSpec,
+                    warm_start: bool) -> tuple[Future[Builtins] | None, ProcessPoolExecutor | None]:
     if "fork" not in multiprocessing.get_all_start_methods():
         return None, None
     pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
-    return pool.submit(run_builtins, trace, hw, capacity, allocator, builtin_specs()), pool
+    return pool.submit(run_builtins, trace, hw, capacity, allocator, builtin_specs(),
+                       warm_start), pool
 
 
 def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
                allocator: AllocatorSpec, *, seed: int = 0, budget_s: float = 60.0,
                kicks: int = 4, builtins: bool = True, builtin_starts: bool = True,
-               output: str | None = None, log: Callable[[str], None] | None = None
-               ) -> dict[str, Any]:
+               output: str | None = None, log: Callable[[str], None] | None = None,
+               warm_start: bool = False) -> dict[str, Any]:
     """Search, compare, bound, and save the plan to `output` (when given). With
     `builtin_starts`, the local search also starts from the BUILTIN_STARTS fastest fitting
     built-in plans. Returns {trace, hardware, capacity_bytes, allocator, search, best_builtin,
     builtins, bound, plan_file}; `search.report` is the `vsim run --json` report of the plan
     found (the plan returned: the search's, or the fastest fitting built-in's when that is
-    faster; `search.origin` says which), `search.bound_gap` its time over the bound less 1."""
-    future, pool = (_start_builtins(trace, hw, capacity_bytes, allocator) if builtins
-                    else (None, None))
+    faster; `search.origin` says which), `search.bound_gap` its time over the bound less 1.
+    `warm_start`: every plan judged and run for a process that starts warm, as `vsim measure`'s
+    do (engine.run_plan's; `vsim run --warm-start`)."""
+    future, pool = (_start_builtins(trace, hw, capacity_bytes, allocator, warm_start)
+                    if builtins else (None, None))
     done: list[Builtins] = []
 
     def builtin_results() -> Builtins:
         if not done:
             done.append(future.result() if future is not None else run_builtins(
-                trace, hw, capacity_bytes, allocator, builtin_specs()))
+                trace, hw, capacity_bytes, allocator, builtin_specs(), warm_start))
         return done[0]
 
     def starts() -> list[tuple[str, Plan]]:
@@ -134,14 +138,16 @@ def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
         bound = lower_bound(trace, hw, capacity_bytes)
         found = search(trace, hw, capacity_bytes, allocator, seed=seed, budget_s=budget_s,
                        kicks=kicks, log=log,
-                       starts=starts if builtins and builtin_starts else None)
+                       starts=starts if builtins and builtin_starts else None,
+                       warm_start=warm_start)
         rows = builtin_results()[0] if builtins else []
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     # The search's plan judged as `vsim run` judges it, as the built-ins were: the fastest of
     # it and the fitting built-ins is the result.
-    searched = run_plan(trace, hw, found.plan, allocator, capacity_bytes).report
+    searched = run_plan(trace, hw, found.plan, allocator, capacity_bytes,
+                        warm_start=warm_start).report
     own_us = searched["iteration_time_us"] if searched["fits"] else None
     fitting = [r for r in rows if r["fits"]]
     best = min(fitting, key=lambda r: r["iteration_time_us"]) if fitting else None
@@ -156,7 +162,8 @@ def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
             *plans[best["policy"]].notes,
             f"search: {best['policy']}'s plan, the fastest that fits (the local search's own "
             f"plan {why})"))
-        report = run_plan(trace, hw, plan, allocator, capacity_bytes).report
+        report = run_plan(trace, hw, plan, allocator, capacity_bytes,
+                          warm_start=warm_start).report
         counts = {**plan_counts(trace, plan), "candidates": counts.get("candidates")}
     t = report["iteration_time_us"] if report["fits"] else None
     greedy_line = found.from_greedy
@@ -171,7 +178,8 @@ def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
                                      if found.greedy_outcome.fits else None),
         "bound_gap": None if t is None else t / bound["bound_us"] - 1,
         "recompute_bound_gap": None if t is None else t / bound["recompute_bound_us"] - 1,
-        "seed": seed, "kicks": kicks, "budget_s": budget_s, "evaluations": found.evaluations,
+        "seed": seed, "kicks": kicks, "budget_s": budget_s, "warm_start": warm_start,
+        "evaluations": found.evaluations,
         "seconds": round(found.seconds, 3), "sim_seconds": round(found.sim_seconds, 3),
         "converged": found.converged, **counts,
     }
@@ -187,7 +195,7 @@ def run_search(trace: Trace, trace_path: str, hw: Hardware, capacity_bytes: int,
     if output:
         save_plan(saved, output)
         report = simulate(trace, hw, SavedPlanPolicy(file=output), allocator,
-                          capacity_bytes).report
+                          capacity_bytes, warm_start=warm_start).report
     else:
         report = {**report, "policy": "search (not saved: give -o)"}
     return {
