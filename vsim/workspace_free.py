@@ -128,6 +128,11 @@ def _memory_optimal_retimes(trace: Trace, hw: Hardware) -> tuple[list[Retime], l
 MICROBATCH_PARTS = (2, 4, 8, 16, 32)
 
 
+def workspace_bytes(op: Op, tensors: Mapping[int, Tensor]) -> int:
+    """The bytes of the workspaces `op` writes."""
+    return sum(tensors[t].size_bytes for t in op.writes if tensors[t].kind == "workspace")
+
+
 def microbatch_retime(op: Op, tensors: Mapping[int, Tensor], hw: Hardware,
                       parts: int) -> Retime | None:
     """`op` (a convolution's forward or backward op that writes a workspace) run as `parts`
@@ -135,7 +140,7 @@ def microbatch_retime(op: Op, tensors: Mapping[int, Tensor], hw: Hardware,
     convolution's work is linear in its batch), plus copying each part's results into place (read
     and written once at the profile's DRAM bandwidth). Beyond its results it allocates one
     part's workspace and one part's results, `workspace_bytes`. None: no workspace to split."""
-    ws = sum(tensors[t].size_bytes for t in op.writes if tensors[t].kind == "workspace")
+    ws = workspace_bytes(op, tensors)
     results = sum(tensors[t].size_bytes for t in op.writes if tensors[t].kind != "workspace")
     if ws == 0 or parts < 2:
         return None

@@ -27,6 +27,7 @@ from ..workspace_free import (
     SLOWDOWN_NOTE,
     memory_optimal_retimes,
     microbatch_retime,
+    workspace_bytes,
 )
 from .layers import TraceView
 
@@ -79,7 +80,7 @@ def microbatch_instead(view: TraceView, hw: Hardware, free: Retime, least: int,
     part's workspace and results in place of its workspace, fits the budget and that are
     faster than running it without workspace; `free` itself where none is."""
     op = view.op[free.op]
-    ws = sum(view.tensor[t].size_bytes for t in op.writes if view.tensor[t].kind == "workspace")
+    ws = workspace_bytes(op, view.tensor)
     for parts in MICROBATCH_PARTS:
         got = microbatch_retime(op, view.tensor, hw, parts)
         if got is None or got.dur_us >= free.dur_us:

@@ -20,17 +20,21 @@ aten = torch.ops.aten
 SPLITTABLE = (aten.convolution.default, aten.convolution_backward.default)
 
 
+def splits(func: Any, kwargs: Any) -> bool:
+    """Whether `split_call` splits this call: a convolution's forward or backward call with
+    positional arguments (the dispatch mode's and the replay's calls)."""
+    return func in SPLITTABLE and not kwargs
+
+
 def split_call(func: Any, args: Any, kwargs: Any, parts: int) -> Any:
     """`func(*args, **kwargs)` with its batch in `parts` micro-batches where `func` is a
-    convolution's forward or backward call with positional arguments; the call as it is
-    otherwise (the caller checks `SPLITTABLE` to count what it split)."""
-    if kwargs or parts < 2:
+    convolution's forward or backward call with positional arguments (`splits`); the call as
+    it is otherwise."""
+    if not splits(func, kwargs) or parts < 2:
         return func(*args, **kwargs)
     if func is aten.convolution.default:
         return _forward(func, args, parts)
-    if func is aten.convolution_backward.default:
-        return _backward(func, args, parts)
-    return func(*args)
+    return _backward(func, args, parts)
 
 
 def _whole(first: torch.Tensor, batch: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..plan import Recompute
-from .microbatch import SPLITTABLE, split_call
+from .microbatch import split_call, splits
 
 if TYPE_CHECKING:
     from .executor import IterationStats
@@ -763,7 +763,7 @@ class Recomputation:
         t0 = time.perf_counter()
         parts = self.split_parts.get(self.map.call_op[call.index]) if self.split_parts else None
         try:
-            if parts is not None and call.func in SPLITTABLE and not kwargs:
+            if parts is not None and splits(call.func, kwargs):
                 self.stats.split_calls += 1
                 return split_call(call.func, args, kwargs, parts)
             return call.func(*args, **kwargs)

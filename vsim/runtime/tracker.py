@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .microbatch import SPLITTABLE, split_call
+from .microbatch import split_call, splits
 from .opmap import is_profiler_op
 from .recompute import written_args
 
@@ -69,7 +69,7 @@ class Tracker(TorchDispatchMode):
         track = rec is not None or op <= ex.track_until
         rng = ex.rng_state() if track and _uses_rng(func) else None
         parts = ex.split_parts.get(op) if ex.split_parts else None
-        if parts is not None and func in SPLITTABLE and not kwargs:
+        if parts is not None and splits(func, kwargs):
             out = split_call(func, args, kwargs, parts)  # below this mode: not counted
             ex.stats.split_calls += 1
         else:

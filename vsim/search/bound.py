@@ -7,16 +7,17 @@ from typing import Any
 from ..allocator import make_allocator
 from ..engine import run_plan
 from ..hardware import Hardware
-from ..plan import Plan, Retime
+from ..plan import Plan
 from ..policies.layers import TraceView
 from ..policies.planning import (
     Usage,
     alive_in_trace,
     apply_releases,
     liveness_releases,
+    microbatch_instead,
 )
 from ..trace.schema import Trace
-from ..workspace_free import MICROBATCH_PARTS, memory_optimal_retimes, microbatch_retime
+from ..workspace_free import memory_optimal_retimes
 
 AMPLE = 2**62
 SAVED = ("activation", "input")
@@ -51,18 +52,6 @@ def forced_workspace_free(trace: Trace, hw: Hardware, view: TraceView, capacity_
     return {o for o, need in least_needs(trace, hw, view).items() if need > capacity_bytes}
 
 
-def _fastest_split(view: TraceView, hw: Hardware, op: int, need: int, capacity_bytes: int
-                   ) -> Retime | None:
-    """The fastest micro-batching of forced convolution `op` whose least need, with one part's
-    workspace and results in place of its workspace, fits the capacity (None: none does)."""
-    o = view.op[op]
-    ws = sum(view.tensor[t].size_bytes for t in o.writes if view.tensor[t].kind == "workspace")
-    fits = [r for k in MICROBATCH_PARTS
-            if (r := microbatch_retime(o, view.tensor, hw, k)) is not None
-            and need - ws + (r.workspace_bytes or 0) <= capacity_bytes]
-    return min(fits, key=lambda r: r.dur_us, default=None)
-
-
 def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, Any]:
     """The bound of vsim/search/__init__.py: `bound_us` = max(compute_us, link_us) with
     link_us = M / d2h + M / h2d for the `must_leave_bytes` M at op `at_op`; and
@@ -76,10 +65,9 @@ def lower_bound(trace: Trace, hw: Hardware, capacity_bytes: int) -> dict[str, An
     needs = least_needs(trace, hw, view)
     forced = {o for o, need in needs.items() if need > capacity_bytes}
     # a forced convolution may run as micro-batches instead, where a part's workspace fits
-    # (vsim search's genome can choose it): the faster of the two
+    # and that is faster (vsim search's genome can choose it; the policies' algo=microbatch)
     split = {o: r for o in forced
-             if (r := _fastest_split(view, hw, o, needs[o], capacity_bytes)) is not None
-             and r.dur_us < by_op[o].dur_us}
+             if (r := microbatch_instead(view, hw, by_op[o], needs[o], capacity_bytes)).parts > 1}
     # compute: each convolution at its fastest allowed algorithm, nothing moved, ample memory
     fastest = tuple(split.get(r.op, r) for r in retimes
                     if r.op in forced or r.dur_us < view.op[r.op].dur_us)
