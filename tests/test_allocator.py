@@ -316,3 +316,13 @@ def test_expandable_segments_churn_costs_the_host_where_the_cap_binds():
     roomy = [run_plan(trace, hw, plan, make_allocator(a), 60 << 30, **same)
              .report["iteration_time_us"] for a in ("exact", "expandable")]
     assert abs(roomy[1] / roomy[0] - 1) < 0.02
+    # the report counts the reported iteration's driver calls as PyTorch's memory_stats does:
+    # each release a retry (a device-wide synchronize), the pages unmapped then mapped again
+    churn = expandable.report["allocator_churn"]
+    assert churn["num_alloc_retries"] > 0 and churn["num_device_alloc"] > 0
+    assert churn["reserved_bytes.all.allocated"] >= 20 << 20  # at least one large page
+    assert churn["reserved_bytes.all.freed"] > 0
+    assert exact.report["allocator_churn"]["num_alloc_retries"] == 0
+    roomy_churn = run_plan(trace, hw, plan, make_allocator("expandable"), 60 << 30,
+                           **same).report["allocator_churn"]
+    assert roomy_churn["num_alloc_retries"] == 0 and roomy_churn["reserved_bytes.all.freed"] == 0

@@ -91,6 +91,9 @@ class SimResult:
                 + float(trace.meta.get("iteration_tail_us", 0.0))) if out.timed_ends_us
             else report["iteration_time_us"],
             "retargeted_from": trace.meta.get("retargeted_from"),
+            # this iteration's allocator driver calls, as a measured run's allocator_churn
+            # counts them per iteration (EngineOutput.churn)
+            "allocator_churn": out.churn,
             "notes": out.notes,
             "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},
             "measured": None if trace.measured is None else {

@@ -47,6 +47,19 @@ class PlanError(Exception):
     policy, not bad user input."""
 
 
+# The allocator's driver calls (Allocator.driver_calls) counted as PyTorch's memory_stats counts
+# them (torch.cuda.memory_stats; a measured run's allocator_churn): a call's counter and the
+# counter of its bytes (reserved_bytes.all.allocated / .freed: memory mapped or cudaMalloc'd,
+# unmapped or cudaFree'd)
+CHURN_CALLS = {"sync": ("num_alloc_retries", ""),
+               "malloc": ("num_device_alloc", "reserved_bytes.all.allocated"),
+               "map": ("num_device_alloc", "reserved_bytes.all.allocated"),
+               "free": ("num_device_free", "reserved_bytes.all.freed"),
+               "unmap": ("num_device_free", "reserved_bytes.all.freed")}
+CHURN = ("num_alloc_retries", "num_device_alloc", "num_device_free",
+         "reserved_bytes.all.allocated", "reserved_bytes.all.freed")
+
+
 @dataclass(slots=True)
 class ExecutedOp:
     op: Op
@@ -73,6 +86,10 @@ class EngineOutput:
     timed_ends_us: list[float] = field(default_factory=list)
     # The iterations the run simulated, the first one included (its last is this one)
     iterations: int = 1
+    # This iteration's allocator driver calls, under PyTorch's memory_stats names: retries (a
+    # device-wide synchronize, then the cache freed or pages unmapped), cudaMalloc or page
+    # maps, cudaFree or page unmaps, and their bytes (vsim.runtime.results.CHURN_COUNTERS)
+    churn: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -150,6 +167,7 @@ class Engine:
         self.logged = logged
         self.ops_end_us = 0.0
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
+        self.churn: dict[str, int] = dict.fromkeys(CHURN, 0)  # EngineOutput.churn
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
         self.clock = clock.fresh(host_scale) if clock is not None else \
@@ -224,7 +242,8 @@ class Engine:
             notes.append(f"out of pinned host memory: pinning {what} ({self.oom.need_bytes} B) "
                          f"would exceed the profile's host.pinned_limit "
                          f"({self.hw.pinned_limit_bytes} B, {self.oom.free_bytes} B left)")
-        return EngineOutput(self.executed, copies, self.memory, self.oom, end, notes)
+        return EngineOutput(self.executed, copies, self.memory, self.oom, end, notes,
+                            churn=dict(self.churn))
 
     def _finish(self, procs: list[simpy.Process]) -> Generator[simpy.Event, Any, None]:
         yield self.env.all_of(procs)
@@ -719,6 +738,12 @@ class Engine:
         costs = self.clock.alloc
         calls = list(self.allocator.driver_calls)
         self.allocator.driver_calls.clear()
+        churn = self.churn
+        for what, size in calls:
+            count, bytes_key = CHURN_CALLS[what]
+            churn[count] += 1
+            if bytes_key:
+                churn[bytes_key] += size
         if costs is None:
             return
         synced = False

@@ -99,7 +99,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 
 CHURN_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
-                  "num_sync_all_streams", "num_ooms")
+                  "num_sync_all_streams", "num_ooms",
+                  # the bytes cudaMalloc'd or mapped, cudaFree'd or unmapped (from 2026-11-28)
+                  "reserved_bytes.all.allocated", "reserved_bytes.all.freed")
 # num_ooms: out-of-memory errors raised and caught inside the iterations (cuDNN tries engines
 # whose workspace cannot be had; each failure empties the cache): a path the model does not
 # take (docs/design.md, "Fits at the edge")
