@@ -228,6 +228,35 @@ def test_whole_run_histories_replay_segment_for_segment():
         assert all(rec == mod for rec, mod in replayed.allocated), f.name
 
 
+def test_expandable_model_replays_pytorchs_requests_with_its_maps_and_unmaps():
+    """PyTorch's own request streams under expandable segments at 12 GiB (three VGG-16(256)
+    plans, validation/allocator/h100/expandable/), replayed through the expandable model:
+    every request PyTorch served in the steady iterations is served, and the bytes mapped
+    over them are PyTorch's within 25% (the model before it searched PyTorch's way and held
+    the whole request against the cap mapped 1.9x PyTorch's bytes on the recompute plan)."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent / "validation" / "allocator"
+    spec = importlib.util.spec_from_file_location("replay_history", here / "replay_history.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    files = sorted((here / "h100" / "expandable").glob("*.requests.json.gz"))
+    assert len(files) >= 3
+    for f in files:
+        with gzip.open(f, "rt") as fh:
+            history = json.load(fh)
+        real, model = module.replay_expandable(history)
+        steady = [i for i in real if i >= 1]  # iteration 0 ran squeezed convolutions
+        assert len(steady) >= 5
+        assert sum(model.get(i, {}).get("failed", 0) for i in steady) == 0, f.name
+        mapped = [sum(t.get(i, {}).get("map_bytes", 0) for i in steady) for t in (real, model)]
+        assert abs(mapped[1] / mapped[0] - 1) < 0.25, (f.name, mapped)
+
+
 def test_caching_layout_compares_iterations_by_structure_not_address():
     """The engine runs steady iterations until the allocator starts one as it started the one
     before (Allocator.layout): the same segments and blocks, wherever the driver put them."""

@@ -138,6 +138,24 @@ class BlockPool:
         block.segment.blocks_in_use += 1
         return block
 
+    def take_at(self, block: Block, addr: int, size: int) -> Block:
+        """`take` of exactly the `size` bytes at `addr` inside free `block`: the bytes before
+        and after stay free blocks of their own (an expandable segment's allocation from a
+        mapped run or a hole inside a merged free block)."""
+        if addr > block.addr:
+            free = self.free
+            free.remove(block)
+            rest = Block(addr, block.addr + block.size - addr, block.segment, True, block,
+                         block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = addr - block.addr
+            free.add(block)
+            free.add(rest)
+            block = rest
+        return self.take(block, size, True)
+
     def take_best(self, size: int, split_from: int) -> Block | None:
         """`take` of the best-fitting free block for `size` bytes (FreeIndex.best_fit), split
         when at least `split_from` (> 0) bytes would remain; None when no free block fits.

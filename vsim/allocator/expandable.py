@@ -30,7 +30,7 @@ from typing import cast
 
 from .base import Allocator, AllocatorSpec, register_allocator
 from .blocks import Block, BlockPool
-from .caching import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size
+from .caching import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
 
 LARGE_PAGE = 20 << 20  # kLargeBuffer: the large pool's segment maps pages of this size
 SMALL_PAGE = SMALL_BUFFER
@@ -60,6 +60,49 @@ class _Segment:
     def map(self, pages: list[int]) -> None:
         for p in pages:
             bisect.insort(self.mapped, p)
+
+    def mapped_runs(self, block: Block) -> list[tuple[int, int]]:
+        """The (start, end) address runs of free `block` whose pages are all mapped: PyTorch's
+        mapped free blocks (a free block and an unmapped one never merge there)."""
+        page, mapped = self.page, self.mapped
+        first, last = block.addr // page, (block.addr + block.size - 1) // page
+        i = bisect.bisect_left(mapped, first)
+        j = bisect.bisect_right(mapped, last, i)
+        runs: list[tuple[int, int]] = []
+        k = i
+        while k < j:
+            run_first = mapped[k]
+            while k + 1 < j and mapped[k + 1] == mapped[k] + 1:
+                k += 1
+            runs.append((max(block.addr, run_first * page),
+                         min(block.addr + block.size, (mapped[k] + 1) * page)))
+            k += 1
+        return runs
+
+    def mapped_fit(self, size: int) -> tuple[Block, int, int] | None:
+        """get_free_block: the smallest mapped free run of at least `size` bytes (lowest
+        address on ties), as (its free block, its start, its size); None when none fits."""
+        best: tuple[int, int, Block] | None = None
+        for block in self.blocks.free.blocks.values():
+            if block.size < size:
+                continue
+            for start, end in self.mapped_runs(block):
+                if end - start >= size and (best is None or (end - start, start) <
+                                            (best[0], best[1])):
+                    best = (end - start, start, block)
+        return None if best is None else (best[2], best[1], best[0])
+
+    def first_hole(self, size: int) -> Block:
+        """try_allocate_expandable_block: the lowest-addressed free block with an unmapped
+        page and room for `size` bytes (PyTorch walks its unmapped blocks by address, each
+        with the free mapped block before it and the free ones after). The segment's unused
+        end is one."""
+        block: Block | None = self.blocks.segments[0].head
+        while block is not None:
+            if block.free and block.size >= size and self.unmapped_pages(block):
+                return block
+            block = block.next
+        raise AssertionError("an expandable segment's unused end holds any request")
 
     def unmap_free(self) -> int:
         """Unmaps the pages lying wholly inside free blocks; returns how many."""
@@ -99,24 +142,38 @@ class ExpandableAllocator(Allocator):
         if seg is None:
             seg = self.segments[(small, stream)] = _Segment(len(self.segments) * SPAN, small,
                                                             stream)
-        block = seg.blocks.take_best(size, seg.split_from)
-        assert block is not None  # the segment's end holds any request
-        pages = seg.unmapped_pages(block)
-        if self.reserved_bytes + len(pages) * seg.page > self.capacity_bytes:
-            seg.blocks.give_back(block)
+        found = seg.mapped_fit(size)  # get_free_block: mapped memory only, no map call
+        if found is not None:
+            # a run whose rest would be too small to split is taken whole, as PyTorch
+            # takes its block (should_split)
+            block_, start, run = found
+            block = seg.blocks.take_at(block_, start,
+                                       size if run - size >= seg.split_from else run)
+            self.allocated_bytes += block.size
+            return block
+        # alloc_block holds the whole request's allocation size against the cap, however
+        # much of it a free mapped block next to the hole will give (PyTorch's
+        # total_allocated_memory + alloc_size > allowed_memory_maximum); then release
+        # (release_cached_blocks) and again
+        for retry in (False, True):
+            if self.reserved_bytes + segment_size(size) <= self.capacity_bytes:
+                break
+            if retry:
+                return None
             self.capacity_hits += 1
+            # the synchronize gives back the blocks whose stream events had not been seen
+            if self.before_release is not None:
+                self.before_release()
             self.driver_calls.append(("sync", 0))
             for other in self.segments.values():
                 gone = other.unmap_free() * other.page
                 if gone:
                     self.driver_calls.append(("unmap", gone))
                     self.reserved_bytes -= gone
-            block = seg.blocks.take_best(size, seg.split_from)
-            assert block is not None
-            pages = seg.unmapped_pages(block)
-            if self.reserved_bytes + len(pages) * seg.page > self.capacity_bytes:
-                seg.blocks.give_back(block)
-                return None
+        hole = seg.first_hole(size)
+        block = seg.blocks.take_at(hole, hole.addr,
+                                   size if hole.size - size >= seg.split_from else hole.size)
+        pages = seg.unmapped_pages(block)
         if pages:
             seg.map(pages)
             self.driver_calls.append(("map", len(pages) * seg.page))
