@@ -57,6 +57,14 @@ class _Segment:
         have = set(mapped[i:bisect.bisect_right(mapped, last, i)])
         return [p for p in range(first, last + 1) if p not in have]
 
+    def has_unmapped(self, block: Block) -> bool:
+        """Whether a page of `block` is unmapped (without listing them: the segment's unused
+        end spans its whole address range)."""
+        first, last = block.addr // self.page, (block.addr + block.size - 1) // self.page
+        mapped = self.mapped
+        i = bisect.bisect_left(mapped, first)
+        return bisect.bisect_right(mapped, last, i) - i < last - first + 1
+
     def map(self, pages: list[int]) -> None:
         for p in pages:
             bisect.insort(self.mapped, p)
@@ -68,15 +76,23 @@ class _Segment:
         first, last = block.addr // page, (block.addr + block.size - 1) // page
         i = bisect.bisect_left(mapped, first)
         j = bisect.bisect_right(mapped, last, i)
+        if j - i == last - first + 1:  # wholly mapped (most free blocks)
+            return [(block.addr, block.addr + block.size)]
         runs: list[tuple[int, int]] = []
         k = i
         while k < j:
-            run_first = mapped[k]
-            while k + 1 < j and mapped[k + 1] == mapped[k] + 1:
-                k += 1
+            # the run from k: the last m with mapped[m] - m == mapped[k] - k (that difference
+            # never decreases along a sorted list of distinct pages), by bisection
+            run_first, lo, hi = mapped[k], k, j - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if mapped[mid] - mid == run_first - k:
+                    lo = mid
+                else:
+                    hi = mid - 1
             runs.append((max(block.addr, run_first * page),
-                         min(block.addr + block.size, (mapped[k] + 1) * page)))
-            k += 1
+                         min(block.addr + block.size, (mapped[lo] + 1) * page)))
+            k = lo + 1
         return runs
 
     def mapped_fit(self, size: int) -> tuple[Block, int, int] | None:
@@ -99,7 +115,7 @@ class _Segment:
         end is one."""
         block: Block | None = self.blocks.segments[0].head
         while block is not None:
-            if block.free and block.size >= size and self.unmapped_pages(block):
+            if block.free and block.size >= size and self.has_unmapped(block):
                 return block
             block = block.next
         raise AssertionError("an expandable segment's unused end holds any request")
