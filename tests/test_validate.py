@@ -40,8 +40,32 @@ def test_case_errors_are_computed_against_the_trace_measurement(tmp_path, capsys
                               "plans_changed": 0, "with_repeats": 0,
                               "median_repeat_spread": None, "time_within_repeats": 0,
                               "cases_run_repeatedly": 0, "runs_disagree_on_fit": 0,
-                              "at_recorded_speed": None}
+                              "at_recorded_speed": None, "churn": None}
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_churn_per_iteration_compares_releases_and_mapped_bytes():
+    """A measured run with the allocator's counters gives its releases and mapped bytes per
+    timed iteration, set against the prediction's report; runs without the bytes (measured
+    before they were kept) or that did not fit give none."""
+    from vsim.validate import churn_per_iteration, summarize
+
+    run = {"fits": True, "iterations": {"warmup": 3, "measured": 10},
+           "allocator_churn": {"num_alloc_retries": 67, "num_device_alloc": 208,
+                               "reserved_bytes.all.allocated": 20 * 2**30,
+                               "reserved_bytes.all.freed": 20 * 2**30}}
+    assert churn_per_iteration(run) == {"num_alloc_retries": 6.7,
+                                        "reserved_bytes.all.allocated": 2 * 2**30}
+    old = {**run, "allocator_churn": {"num_alloc_retries": 67}}
+    assert churn_per_iteration(old) is None
+    assert churn_per_iteration({**run, "fits": False}) is None
+    row = {"predicted": {"fits": True}, "measured": run, "error": {}, "ok": True,
+           "churn": {"measured": churn_per_iteration(run),
+                     "predicted": {"num_alloc_retries": 6,
+                                   "reserved_bytes.all.allocated": 3 * 2**30}}}
+    churn = summarize([row, {**row, "churn": None}])["churn"]
+    assert churn["n"] == 1 and churn["predicted_num_alloc_retries"] == 6
+    assert churn["measured_reserved_bytes.all.allocated"] == 2 * 2**30
 
 
 def test_within_a_wide_tolerance_exits_0(tmp_path, capsys):

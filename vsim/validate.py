@@ -504,7 +504,26 @@ def run_case(case: Case, first_iteration: bool | None = None,
     tracker_us = tracker_estimate_us(measured, trace, case.hardware)
     if tracker_us is not None:
         row["tracker_estimate_us"] = round(tracker_us, 1)
+    churn = churn_per_iteration(measured)
+    if churn is not None and predicted["fits"]:
+        row["churn"] = {"measured": churn, "predicted": {
+            k: report["allocator_churn"].get(k, 0) for k in churn}}
     return row
+
+
+CHURN_KEYS = ("num_alloc_retries", "reserved_bytes.all.allocated")
+
+
+def churn_per_iteration(measured: dict[str, Any]) -> dict[str, float] | None:
+    """A fitting measured run's allocator releases (retries) and bytes mapped or cudaMalloc'd
+    per timed iteration (its allocator_churn over them); None for a run measured without the
+    bytes (before 2026-11-28)."""
+    churn, its = measured.get("allocator_churn"), (measured.get("iterations") or {})
+    n = its.get("measured") if isinstance(its, dict) else None
+    if not measured.get("fits") or not isinstance(churn, dict) or not n or \
+            any(k not in churn for k in CHURN_KEYS):
+        return None
+    return {k: churn[k] / n for k in CHURN_KEYS}
 
 
 def validate(cases: list[Case], progress: Callable[[str], None] | None = None,
@@ -550,6 +569,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return mean_abs([r["error"][metric] for r in rows if r["error"].get(metric) is not None])
 
     spreads = [r["time_spread"]["relative"] for r in rows if r.get("time_spread")]
+    churned = [r for r in rows if r.get("churn")]
     matched = [r["time_at_recorded_speed"]["error"] for r in rows
                if r.get("time_at_recorded_speed", {}).get("error") is not None]
     return {"n": len(rows), "time_mape": mape("iteration_time"),
@@ -562,6 +582,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                 for r in rows),
             "ok": sum(r["ok"] for r in rows),
             "plans_changed": sum(bool(r.get("plan_changed")) for r in rows),
+            # the allocator's releases and bytes mapped per iteration, summed over the cases
+            # measured with them (validate's check of the churn mechanism, not only the time)
+            "churn": ({"n": len(churned),
+                       **{f"{side}_{k}": math.fsum(r["churn"][side][k] for r in churned)
+                          for side in ("predicted", "measured") for k in CHURN_KEYS}}
+                      if churned else None),
             "with_repeats": len(spreads),
             "median_repeat_spread": (sorted(spreads)[len(spreads) // 2] if spreads else None),
             "time_within_repeats": sum(bool(r.get("time_within_repeats")) for r in rows),

@@ -192,6 +192,14 @@ def format_validation(result: dict[str, Any]) -> str:
         lines.append(f"at the recording's core speed (the speed probe before each iteration, in "
                      f"trace and run): iteration-time MAPE {pct(m['time_mape']).lstrip('+')} "
                      f"over {m['n']} cases")
+    if s.get("churn"):
+        c = s["churn"]
+        lines.append(
+            f"allocator churn, {c['n']} case(s) measured with it, per iteration summed over "
+            f"them: releases {c['predicted_num_alloc_retries']:.1f} predicted against "
+            f"{c['measured_num_alloc_retries']:.1f} measured; memory mapped or cudaMalloc'd "
+            f"{c['predicted_reserved_bytes.all.allocated'] / 2**30:.1f} GiB against "
+            f"{c['measured_reserved_bytes.all.allocated'] / 2**30:.1f} GiB")
     if s.get("cases_run_repeatedly"):
         lines.append(f"{s['cases_run_repeatedly']} cases measured in several runs of the same plan "
                      "(iterations pooled; fits only if every run fit): "
