@@ -21,137 +21,130 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from vsim.allocator.caching import CachingAllocator
 from vsim.allocator.expandable import ExpandableAllocator
 
+Table = dict[int, dict[str, int]]
 
-def replay(history: dict[str, Any]) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, int]]]:
+
+def add(table: Table, it: int, key: str, n: int = 1) -> None:
+    row = table.setdefault(it, {})
+    row[key] = row.get(key, 0) + n
+
+
+class Requests:
+    """A history's request stream played into an allocator model: the blocks alive at its
+    start allocated first, then each logged free given back as it comes, but for the
+    completions a release's synchronize logs just before its `release_action` entries
+    (segment_free, or segment_unmap with expandable segments), which PyTorch searched its
+    pools without: those are held back and given back by the model's own release
+    (`before_release`), or after the next request where the model released nothing."""
+
+    def __init__(self, history: dict[str, Any], allocator: Any, release_action: str) -> None:
+        self.history, self.a, self.release_action = history, allocator, release_action
+        self.blocks: dict[int, object] = {}
+        for addr, size, stream in history["alive_at_start"]:
+            self.blocks[addr] = allocator.malloc(size, stream)
+        allocator.driver_calls.clear()
+        self.held: list[int] = []
+        allocator.before_release = self.give_back
+
+    def give_back(self) -> None:
+        while self.held:
+            block = self.blocks.pop(self.held.pop(), None)
+            if block is not None:
+                self.a.free(block)
+
+    def __iter__(self) -> Iterator[tuple[int, str, int, int, int]]:
+        """(iteration, action, addr, size, stream) of every entry but the frees, which it
+        applies; iteration -1 is before the first."""
+        starts, entries = self.history["iteration_starts_us"], self.history["entries"]
+        it = -1
+        for k, (action, addr, size, stream, t) in enumerate(entries):
+            while it + 1 < len(starts) and t >= starts[it + 1]:
+                it += 1
+            if action != "free_completed":
+                yield it, action, addr, size, stream
+                continue
+            j = k
+            while j < len(entries) and entries[j][0] == "free_completed":
+                j += 1
+            if j < len(entries) and entries[j][0] == self.release_action:
+                self.held.append(addr)  # the synchronize of the release that follows
+                continue
+            block = self.blocks.pop(addr, None)
+            if block is not None:
+                self.a.free(block)
+
+    def request(self, size: int, stream: int) -> Any:
+        """The model's answer to a request (None: it failed), the held completions given back
+        after it where the model released nothing (they came after it)."""
+        block = self.a.malloc(size, stream)
+        self.give_back()
+        return block
+
+
+def replay(history: dict[str, Any]) -> tuple[Table, Table]:
     """Per iteration (-1: before the first), PyTorch's (malloc, free) counts and the model's
     (hits, malloc, free, failed)."""
     a = CachingAllocator(history["memory_bytes"])
-    blocks: dict[int, object] = {}
-    for addr, size, stream in history["alive_at_start"]:
-        blocks[addr] = a.malloc(size, stream)
-    starts, entries = history["iteration_starts_us"], history["entries"]
-    held: list[int] = []  # completions logged by a release's synchronize, not yet given back
-
-    def give_back() -> None:
-        while held:
-            block = blocks.pop(held.pop(), None)
-            if block is not None:
-                a.free(block)
-
-    a.before_release = give_back
-    real: dict[int, dict[str, int]] = {}
-    model: dict[int, dict[str, int]] = {}
-    it = -1
-
-    def add(table: dict[int, dict[str, int]], key: str, n: int = 1) -> None:
-        row = table.setdefault(it, {})
-        row[key] = row.get(key, 0) + n
-
-    for k, (action, addr, size, stream, t) in enumerate(entries):
-        while it + 1 < len(starts) and t >= starts[it + 1]:
-            it += 1
-        if action == "free_completed":
-            j = k
-            while j < len(entries) and entries[j][0] == "free_completed":
-                j += 1
-            if j < len(entries) and entries[j][0] == "segment_free":
-                held.append(addr)  # the synchronize of the release that follows
-                continue
-            block = blocks.pop(addr, None)
-            if block is not None:
-                a.free(block)
-        elif action == "alloc":
+    stream_of = Requests(history, a, "segment_free")
+    real: Table = {}
+    model: Table = {}
+    for it, action, addr, size, stream in stream_of:
+        if action == "alloc":
             hits, segs, calls = a.capacity_hits, a.segment_allocs, len(a.driver_calls)
-            block = a.malloc(size, stream)
-            give_back()  # served without a release: those completions came after it
+            block = stream_of.request(size, stream)
             if block is None:
-                add(model, "failed")
+                add(model, it, "failed")
                 continue
-            blocks[addr] = block
-            add(model, "hits", a.capacity_hits - hits)
-            add(model, "malloc", a.segment_allocs - segs)
-            add(model, "free", sum(1 for c in a.driver_calls[calls:] if c[0] == "free"))
+            stream_of.blocks[addr] = block
+            add(model, it, "hits", a.capacity_hits - hits)
+            add(model, it, "malloc", a.segment_allocs - segs)
+            add(model, it, "free", sum(1 for c in a.driver_calls[calls:] if c[0] == "free"))
         elif action == "oom":  # PyTorch gave up on this request (cuDNN may try another)
-            add(real, "oom")
-            block = a.malloc(size, stream)
-            give_back()
+            add(real, it, "oom")
+            block = stream_of.request(size, stream)
             if block is not None:  # the model would have served it
-                add(model, "served_oom")
+                add(model, it, "served_oom")
                 a.free(block)
         elif action in ("segment_alloc", "segment_free"):
-            add(real, "malloc" if action == "segment_alloc" else "free")
+            add(real, it, "malloc" if action == "segment_alloc" else "free")
     return real, model
 
 
-def replay_expandable(history: dict[str, Any]) -> tuple[dict[int, dict[str, int]],
-                                                        dict[int, dict[str, int]]]:
+def replay_expandable(history: dict[str, Any]) -> tuple[Table, Table]:
     """Per iteration (-1: before the first), PyTorch's page maps and unmaps (`map`, `unmap`
     and their bytes, `map_bytes`, `unmap_bytes`) and OOMs, and the model's (`sync`: its
     releases, as PyTorch's retries; `map`, `unmap`, their bytes; `failed`: requests PyTorch
-    served and the model could not; `served_oom`), replaying the same requests in order. The
-    completions a release's synchronize logs just before its unmaps are held back and given
-    back by the model's own release, as in `replay`."""
+    served and the model could not; `served_oom`), replaying the same requests in order."""
     a = ExpandableAllocator(history["memory_bytes"])
-    blocks: dict[int, object] = {}
-    for addr, size, stream in history["alive_at_start"]:
-        blocks[addr] = a.malloc(size, stream)
-    a.driver_calls.clear()
-    starts, entries = history["iteration_starts_us"], history["entries"]
-    held: list[int] = []
-
-    def give_back() -> None:
-        while held:
-            block = blocks.pop(held.pop(), None)
-            if block is not None:
-                a.free(block)
-
-    a.before_release = give_back
-    real: dict[int, dict[str, int]] = {}
-    model: dict[int, dict[str, int]] = {}
-    it = -1
-
-    def add(table: dict[int, dict[str, int]], key: str, n: int = 1) -> None:
-        row = table.setdefault(it, {})
-        row[key] = row.get(key, 0) + n
-
-    for k, (action, addr, size, stream, t) in enumerate(entries):
-        while it + 1 < len(starts) and t >= starts[it + 1]:
-            it += 1
-        if action == "free_completed":
-            j = k
-            while j < len(entries) and entries[j][0] == "free_completed":
-                j += 1
-            if j < len(entries) and entries[j][0] == "segment_unmap":
-                held.append(addr)  # the synchronize of the release that follows
-                continue
-            block = blocks.pop(addr, None)
-            if block is not None:
-                a.free(block)
-        elif action in ("alloc", "oom"):
+    stream_of = Requests(history, a, "segment_unmap")
+    real: Table = {}
+    model: Table = {}
+    for it, action, addr, size, stream in stream_of:
+        if action in ("alloc", "oom"):
             calls = len(a.driver_calls)
-            block = a.malloc(size, stream)
-            give_back()  # served without a release: those completions came after it
+            block = stream_of.request(size, stream)
             for what, n in a.driver_calls[calls:]:
-                add(model, what)
-                add(model, what + "_bytes", n)
+                add(model, it, what)
+                add(model, it, what + "_bytes", n)
             if action == "oom":  # PyTorch gave up on this request (cuDNN may try another)
-                add(real, "oom")
+                add(real, it, "oom")
                 if block is not None:
-                    add(model, "served_oom")
+                    add(model, it, "served_oom")
                     a.free(block)
             elif block is None:
-                add(model, "failed")
+                add(model, it, "failed")
             else:
-                blocks[addr] = block
+                stream_of.blocks[addr] = block
         elif action in ("segment_map", "segment_unmap"):
             key = "map" if action == "segment_map" else "unmap"
-            add(real, key)
-            add(real, key + "_bytes", size)
+            add(real, it, key)
+            add(real, it, key + "_bytes", size)
     return real, model
 
 

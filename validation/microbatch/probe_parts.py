@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,26 +31,13 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace-free"))
-from probe_convs import conv_layers  # noqa: E402
+from probe_convs import conv_layers, timed  # noqa: E402
 
 from vsim.record.recorder import driver_version  # noqa: E402
 from vsim.runtime.microbatch import split_call  # noqa: E402
 
 aten = torch.ops.aten
 PARTS = (1, 2, 4, 8, 16, 32)
-
-
-def timed(fn: Any) -> float:
-    times = []
-    for i in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def extra_bytes(fn: Any, results: int, dev: torch.device) -> int:
