@@ -416,3 +416,26 @@ def test_micro_batched_convolutions_train_as_the_whole_batch(cnn, tmp_path) -> N
     assert result["fits"] and result["check"]["max_rel_grad_diff"] <= 1e-5
     assert result["executed"]["split_calls"] == \
         len(convs) + sum(op.id in rerun for op in convs)
+
+
+def test_a_case_measured_alone_is_profiled_when_the_suite_is(tmp_path, monkeypatch):
+    """Cases that squeeze convolutions run in a process of their own (measure_alone): the
+    suite's --profile-last goes with them (before, they came back without profile_last)."""
+    import subprocess
+
+    from vsim.runtime.suite import measure_alone
+
+    calls = []
+
+    def run(cmd, **_kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "  c1: 1.00 ms\n")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    case = {"id": "c1", "model": "tiny-cnn", "batch": 2, "trace": "t.json", "policy": "none"}
+    said = []
+    for profile in (True, False):
+        assert measure_alone(case, tmp_path, device="cpu", hardware="h100-sxm", iters=1,
+                             warmup=0, say=said.append, profile_last=profile)
+    assert "--profile-last" in calls[0] and "--profile-last" not in calls[1]
+    assert said == ["  c1: 1.00 ms"] * 2

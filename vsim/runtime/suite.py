@@ -195,15 +195,16 @@ def run_suite(cases: list[dict[str, Any]], out_dir: str | Path, *, device: str =
             say(f"  {c['id']}: not run (deadline)")
             continue
         if not measure_alone(c, out, device=device, hardware=hardware, iters=iters,
-                             warmup=warmup, say=say):
+                             warmup=warmup, say=say, profile_last=profile_last):
             failed.append(c["id"])
     return failed
 
 
 def measure_alone(case: dict[str, Any], out: Path, *, device: str, hardware: str, iters: int,
-                  warmup: int, say: Progress) -> bool:
+                  warmup: int, say: Progress, profile_last: bool = False) -> bool:
     """Measure one case in a fresh process (its own suite file in OUT): a case whose plan
-    squeezes convolutions leaves cuDNN's engine cache changed for the rest of its process."""
+    squeezes convolutions leaves cuDNN's engine cache changed for the rest of its process.
+    `profile_last` as the suite's (before 2026-11-28 such cases went unprofiled)."""
     import subprocess
 
     import yaml
@@ -212,6 +213,8 @@ def measure_alone(case: dict[str, Any], out: Path, *, device: str, hardware: str
     suite.write_text(yaml.safe_dump({"cases": [case]}, sort_keys=False))
     cmd = [sys.executable, "-m", "vsim.runtime.measure", str(suite), str(out), "--isolated",
            "--device", device, "--hw", hardware, "--iters", str(iters), "--warmup", str(warmup)]
+    if profile_last:
+        cmd.append("--profile-last")
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     suite.unlink()
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"  {case['id']}:")]
