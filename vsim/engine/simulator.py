@@ -88,8 +88,9 @@ class EngineOutput:
     iterations: int = 1
     # This iteration's allocator driver calls, under PyTorch's memory_stats names: retries (a
     # device-wide synchronize, then the cache freed or pages unmapped), cudaMalloc or page
-    # maps, cudaFree or page unmaps, and their bytes (vsim.runtime.results.CHURN_COUNTERS)
-    churn: dict[str, int] = field(default_factory=dict)
+    # maps, cudaFree or page unmaps, and their bytes (vsim.runtime.results.CHURN_COUNTERS);
+    # in a run from a first iteration, their mean over the timed iterations (vsim.engine._Run)
+    churn: dict[str, float] = field(default_factory=dict)
 
 
 class Engine:
@@ -167,7 +168,7 @@ class Engine:
         self.logged = logged
         self.ops_end_us = 0.0
         self.host_wait_us = 0.0  # GPU idle on a stream waiting for the host to issue its op
-        self.churn: dict[str, int] = dict.fromkeys(CHURN, 0)  # EngineOutput.churn
+        self.churn: dict[str, float] = dict.fromkeys(CHURN, 0)  # EngineOutput.churn
         self.oom: OutOfMemory | None = None
         self.halt = self.env.event()
         self.clock = clock.fresh(host_scale) if clock is not None else \
