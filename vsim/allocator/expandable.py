@@ -28,6 +28,7 @@ import bisect
 from dataclasses import dataclass
 from typing import cast
 
+from ..spec import choice
 from .base import Allocator, AllocatorSpec, register_allocator
 from .blocks import Block, BlockPool
 from .caching import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
@@ -151,14 +152,34 @@ class ExpandableAllocator(Allocator):
         super().__init__(capacity_bytes)
         self.segments: dict[tuple[bool, int], _Segment] = {}
 
-    def malloc(self, size_bytes: int, stream: int = 0) -> object | None:
-        size = round_size(size_bytes)
+    def _segment(self, size: int, stream: int) -> _Segment:
         small = size <= SMALL_SIZE
         seg = self.segments.get((small, stream))
         if seg is None:
             seg = self.segments[(small, stream)] = _Segment(len(self.segments) * SPAN, small,
                                                             stream)
-        found = seg.mapped_fit(size)  # get_free_block: mapped memory only, no map call
+        return seg
+
+    def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
+        """Whether `malloc` would find no mapped free block and no room under the capacity
+        for the request's allocation size: PyTorch's allocator would then synchronize the
+        device and unmap its free pages (release_cached_blocks) before it maps again."""
+        size = round_size(size_bytes)
+        seg = self._segment(size, stream)
+        return seg.mapped_fit(size) is None and \
+            self.reserved_bytes + segment_size(size) > self.capacity_bytes
+
+    def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False,
+               unless_hit: bool = False) -> object | None:
+        """`searched` and `unless_hit` as CachingAllocator.malloc's: the retry after a
+        device-wide synchronize maps (alloc_block) without searching the free blocks again;
+        where `would_hit`, None with nothing changed."""
+        size = round_size(size_bytes)
+        seg = self._segment(size, stream)
+        found = None if searched else seg.mapped_fit(size)  # get_free_block: no map call
+        if found is None and unless_hit and \
+                self.reserved_bytes + segment_size(size) > self.capacity_bytes:
+            return None
         if found is not None:
             # a run whose rest would be too small to split is taken whole, as PyTorch
             # takes its block (should_split)
@@ -233,8 +254,14 @@ class ExpandableAllocator(Allocator):
 class Expandable(AllocatorSpec):
     name = "expandable"
     description = ("PyTorch's caching allocator with expandable segments: pages mapped as "
-                   "blocks need them, unmapped from free blocks when the capacity binds")
+                   "blocks need them, unmapped from free blocks when the capacity binds; "
+                   "blocks freed while a copy used them come back as with `caching` "
+                   "(events=host or gpu)")
     pytorch_runtime = True
+    # as Caching's `events`: PyTorch's event processing is the same with expandable segments
+    events: str = choice("host", "gpu")
 
     def build(self, capacity_bytes: int) -> Allocator:
-        return ExpandableAllocator(capacity_bytes)
+        alloc = ExpandableAllocator(capacity_bytes)
+        alloc.host_events = self.events == "host"
+        return alloc
