@@ -352,6 +352,10 @@ def test_expandable_segments_churn_costs_the_host_where_the_cap_binds():
     assert churn["reserved_bytes.all.allocated"] >= 20 << 20  # at least one large page
     assert churn["reserved_bytes.all.freed"] > 0
     assert exact.report["allocator_churn"]["num_alloc_retries"] == 0
+    # counted also where no host clock charges them (a profile without a host model)
+    unclocked = run_plan(trace, hw, plan, make_allocator("expandable"), cap, host_time=False,
+                         **same).report["allocator_churn"]
+    assert unclocked["num_alloc_retries"] > 0 and unclocked["reserved_bytes.all.allocated"] > 0
     roomy_churn = run_plan(trace, hw, plan, make_allocator("expandable"), 60 << 30,
                            **same).report["allocator_churn"]
     assert roomy_churn["num_alloc_retries"] == 0 and roomy_churn["reserved_bytes.all.freed"] == 0

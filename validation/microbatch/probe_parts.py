@@ -21,7 +21,6 @@ Writes OUT/MODEL-bBATCH.parts.json (meta: device, driver, torch, cuda, cudnn, da
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import sys
@@ -31,9 +30,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace-free"))
-from probe_convs import conv_layers, timed  # noqa: E402
+from probe_convs import conv_layers, provenance, timed  # noqa: E402
 
-from vsim.record.recorder import driver_version  # noqa: E402
 from vsim.runtime.microbatch import split_call  # noqa: E402
 
 aten = torch.ops.aten
@@ -113,13 +111,7 @@ def main() -> None:
                 print(f"  {2 ** k:>2} parts: {total / whole:.3f} of the whole batch's time",
                       flush=True)
         doc = {"meta": {"model": model, "batch_size": int(batch), "parts": list(PARTS),
-                        "device": torch.cuda.get_device_name(),
-                        "driver": driver_version(), "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                        "command": "python validation/microbatch/probe_parts.py OUT "
-                                   + " ".join(sys.argv[2:])},
+                        **provenance("validation/microbatch/probe_parts.py")},
                "layers": layers}
         path = out_dir / f"{model}-b{batch}.parts.json"
         path.write_text(json.dumps(doc, indent=1))

@@ -63,6 +63,17 @@ def conv_layers(model: str, batch: int, dev: torch.device) -> list[dict[str, Any
     return found
 
 
+def provenance(script: str) -> dict[str, Any]:
+    """Where and how a probe ran: the GPU, driver and library versions, cuDNN's TF32 setting,
+    the date, and the command (`script OUT` and this process's arguments after OUT)."""
+    return {"device": torch.cuda.get_device_name(), "driver": driver_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "command": f"python {script} OUT " + " ".join(sys.argv[2:])}
+
+
 def timed(fn: Any) -> float:
     times = []
     for i in range(7):
@@ -145,13 +156,8 @@ def main() -> None:
                 print(f"  {layer['layer']}: fwd {layer.get('fwd_us', 0):.1f} us, bwd "
                       f"{layer.get('bwd_us', 0):.1f} us {layer.get('error', '')}", flush=True)
         doc = {"meta": {"model": model, "batch_size": int(batch), "mode": mode,
-                        "margin_bytes": MARGIN, "device": torch.cuda.get_device_name(),
-                        "driver": driver_version(), "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                        "command": "python validation/workspace-free/probe_convs.py OUT "
-                                   + " ".join(sys.argv[2:])},
+                        "margin_bytes": MARGIN,
+                        **provenance("validation/workspace-free/probe_convs.py")},
                "layers": layers}
         path = out_dir / f"{model}-b{batch}-{mode}.convs.json"
         path.write_text(json.dumps(doc, indent=1))

@@ -160,14 +160,19 @@ class ExpandableAllocator(Allocator):
                                                             stream)
         return seg
 
+    def _over_cap(self, size: int) -> bool:
+        """alloc_block's check: the mapped memory and the request's whole allocation size
+        (segment_size) past the capacity (PyTorch's total_allocated_memory + alloc_size >
+        allowed_memory_maximum), however much of it a free mapped neighbour would give."""
+        return self.reserved_bytes + segment_size(size) > self.capacity_bytes
+
     def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
         """Whether `malloc` would find no mapped free block and no room under the capacity
         for the request's allocation size: PyTorch's allocator would then synchronize the
         device and unmap its free pages (release_cached_blocks) before it maps again."""
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
-        return seg.mapped_fit(size) is None and \
-            self.reserved_bytes + segment_size(size) > self.capacity_bytes
+        return seg.mapped_fit(size) is None and self._over_cap(size)
 
     def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False,
                unless_hit: bool = False) -> object | None:
@@ -177,8 +182,7 @@ class ExpandableAllocator(Allocator):
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
         found = None if searched else seg.mapped_fit(size)  # get_free_block: no map call
-        if found is None and unless_hit and \
-                self.reserved_bytes + segment_size(size) > self.capacity_bytes:
+        if found is None and unless_hit and self._over_cap(size):
             return None
         if found is not None:
             # a run whose rest would be too small to split is taken whole, as PyTorch
@@ -188,12 +192,9 @@ class ExpandableAllocator(Allocator):
                                        size if run - size >= seg.split_from else run)
             self.allocated_bytes += block.size
             return block
-        # alloc_block holds the whole request's allocation size against the cap, however
-        # much of it a free mapped block next to the hole will give (PyTorch's
-        # total_allocated_memory + alloc_size > allowed_memory_maximum); then release
-        # (release_cached_blocks) and again
+        # alloc_block over the cap: release (release_cached_blocks), then alloc_block again
         for retry in (False, True):
-            if self.reserved_bytes + segment_size(size) <= self.capacity_bytes:
+            if not self._over_cap(size):
                 break
             if retry:
                 return None

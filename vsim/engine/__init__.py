@@ -91,8 +91,8 @@ class SimResult:
                 + float(trace.meta.get("iteration_tail_us", 0.0))) if out.timed_ends_us
             else report["iteration_time_us"],
             "retargeted_from": trace.meta.get("retargeted_from"),
-            # this iteration's allocator driver calls, as a measured run's allocator_churn
-            # counts them per iteration (EngineOutput.churn)
+            # the allocator's driver calls per iteration, as a measured run's allocator_churn
+            # counts them (EngineOutput.churn: the timed iterations' mean, from a first one)
             "allocator_churn": out.churn,
             "notes": out.notes,
             "trace": {k: trace.meta.get(k) for k in ("model", "batch_size", "device", "source")},

@@ -56,8 +56,7 @@ CHURN_CALLS = {"sync": ("num_alloc_retries", ""),
                "map": ("num_device_alloc", "reserved_bytes.all.allocated"),
                "free": ("num_device_free", "reserved_bytes.all.freed"),
                "unmap": ("num_device_free", "reserved_bytes.all.freed")}
-CHURN = ("num_alloc_retries", "num_device_alloc", "num_device_free",
-         "reserved_bytes.all.allocated", "reserved_bytes.all.freed")
+CHURN = tuple(dict.fromkeys(k for keys in CHURN_CALLS.values() for k in keys if k))
 
 
 @dataclass(slots=True)
@@ -243,6 +242,9 @@ class Engine:
             notes.append(f"out of pinned host memory: pinning {what} ({self.oom.need_bytes} B) "
                          f"would exceed the profile's host.pinned_limit "
                          f"({self.hw.pinned_limit_bytes} B, {self.oom.free_bytes} B left)")
+        # the calls no op's launch charged (all of them without a host clock): counted, not
+        # charged; the next iteration's engine clears them
+        self._count_churn(self.allocator.driver_calls)
         return EngineOutput(self.executed, copies, self.memory, self.oom, end, notes,
                             churn=dict(self.churn))
 
@@ -739,12 +741,7 @@ class Engine:
         costs = self.clock.alloc
         calls = list(self.allocator.driver_calls)
         self.allocator.driver_calls.clear()
-        churn = self.churn
-        for what, size in calls:
-            count, bytes_key = CHURN_CALLS[what]
-            churn[count] += 1
-            if bytes_key:
-                churn[bytes_key] += size
+        self._count_churn(calls)
         if costs is None:
             return
         synced = False
@@ -770,6 +767,15 @@ class Engine:
         ready = self.clock.ready_us(op)
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
+
+    def _count_churn(self, calls: Sequence[tuple[str, int]]) -> None:
+        """Adds driver calls to this iteration's churn (EngineOutput.churn)."""
+        churn = self.churn
+        for what, size in calls:
+            count, bytes_key = CHURN_CALLS[what]
+            churn[count] += 1
+            if bytes_key:
+                churn[bytes_key] += size
 
     def _wait(self, delay: float) -> Generator[simpy.Event, Any, None]:
         """A timeout of a stream's own (a recomputed op, its issue), fast-forwarded as _stream's
