@@ -566,3 +566,57 @@ def test_a_backward_convolution_first_takes_its_data_gradient_workspace() -> Non
     exact = run_plan(t, hw, Plan(), make_allocator("exact"), None).report
     assert exact == run_plan(t, hw, Plan(), make_allocator("exact"), None,
                              dgrad_workspace=False).report  # off with the others
+
+
+class _Requests:
+    """An allocator spec whose allocators log every request's bytes (in `sizes`)."""
+
+    def __init__(self, spec: object) -> None:
+        self.spec, self.sizes = spec, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.spec, name)
+
+    def build(self, capacity_bytes: int) -> object:
+        allocator = self.spec.build(capacity_bytes)  # type: ignore[attr-defined]
+        malloc = allocator.malloc
+
+        def logged(size_bytes: int, *args: object, **kwargs: object) -> object:
+            self.sizes.append(size_bytes)
+            return malloc(size_bytes, *args, **kwargs)
+
+        allocator.malloc = logged
+        return allocator
+
+
+def test_the_data_gradient_workspace_comes_after_the_gradients_as_pytorch_asks() -> None:
+    """PyTorch's histories (validation/allocator/h100/expandable/) show a backward
+    convolution's requests as: its input gradient, then the data-gradient kernel's workspace
+    (freed), then the weight-gradient kernel's; a part's where it runs as micro-batches, none
+    where it runs its workspace-free algorithm (the squeeze cached that engine)."""
+    from pathlib import Path
+
+    from vsim.engine import run_plan
+    from vsim.engine.prep import trace_prep
+    from vsim.hardware import load_hardware
+    from vsim.plan import Retime
+
+    t = load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16-b128-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    dgrad = trace_prep(t).dgrad_workspaces()
+    op = next(o for o in t.ops if o.id == max(dgrad, key=dgrad.__getitem__))
+    size = {x.id: x.size_bytes for x in t.tensors}
+    *grads, workspace = (size[w] for w in op.writes)
+
+    def requests(*actions: Retime) -> list[int]:
+        spec = _Requests(make_allocator("caching"))
+        run_plan(t, hw, Plan(actions=actions), spec, None)  # type: ignore[arg-type]
+        n = len(grads)
+        at = next(i for i in range(len(spec.sizes)) if spec.sizes[i:i + n] == grads)
+        return spec.sizes[at:at + n + 2]
+
+    assert requests() == [*grads, dgrad[op.id], workspace]
+    parts = Retime(op.id, op.dur_us, workspace // 4, "micro-batched", parts=4)
+    assert requests(parts) == [*grads, dgrad[op.id] // 4, workspace // 4]
+    free = requests(Retime(op.id, op.dur_us, 0, "measured"))
+    assert free[:len(grads)] == grads and dgrad[op.id] not in free

@@ -540,12 +540,14 @@ class _Run:
             self.resident = first.resident_left()
             self.clock = first.clock
             self.plan = _with_fallbacks(self.plan, first.fell_back, self.fallback)
+            self.transients = _without(self.transients, first.transient_fell_back)
             # Not reported: its log goes before the next iteration builds its own (discard, and
             # no reference cycle holds an engine after its run: no collection needed, which
             # cost a pass over every record made since run_plan paused the collector)
             first.discard()
             del first, out
-            self.layout = (self.memory.layout(), len(self.plan.actions))
+            self.layout = (self.memory.layout(), len(self.plan.actions),
+                           len(self.transients or ()))
         elif self.ran == 0:
             self.ran = 1
         while not self.done and self.ran < iterations:
@@ -553,7 +555,8 @@ class _Run:
                 engine = self._steady
                 resident_next = engine.resident_left()
                 self.plan = _with_fallbacks(self.plan, engine.fell_back, self.fallback)
-                now = (self.memory.layout(), len(self.plan.actions))
+                self.transients = _without(self.transients, engine.transient_fell_back)
+                now = (self.memory.layout(), len(self.plan.actions), len(self.transients or ()))
                 if now == self.layout and self.draw is None:  # (drawn: no two alike)
                     self.converged = self.done = True
                     break
@@ -638,6 +641,15 @@ class _Run:
 
 RUN_ITERATIONS = 13  # a measured run's iterations: 3 warm-up, 10 timed (vsim.runtime.measure)
 TIMED_FROM = 4  # the first of them that a measurement times
+
+
+def _without(transients: Mapping[int, int] | None, fell_back: list[int]
+             ) -> Mapping[int, int] | None:
+    """The transients of the next iteration: none for the ops whose transient could not be
+    had (Engine.transient_fell_back), as PyTorch's cached engine for the shape asks none."""
+    if not fell_back or transients is None:
+        return transients
+    return {o: s for o, s in transients.items() if o not in fell_back}
 
 
 def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None

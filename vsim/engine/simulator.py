@@ -191,6 +191,11 @@ class Engine:
         # trace merged into its one workspace: a backward convolution's data-gradient
         # workspace (TracePrep.dgrad_workspaces)
         self.transient_before: Mapping[int, int] = transients or {}
+        # (the op being allocated's transient: _transient_of)
+        self._pending_transient: tuple[int, int, int] | None = None
+        # Ops whose transient could not be had: PyTorch's data-gradient call then walked to
+        # another engine and cached it for the shape, so later iterations ask none (_Run)
+        self.transient_fell_back: list[int] = []
 
     # ------------------------------------------------------------ setup
 
@@ -449,8 +454,9 @@ class Engine:
             wait_start = env._now  # noqa: SLF001
             if transfers.limbo:
                 transfers.process_events(clock.ready_us(oid))  # type: ignore[union-attr]
-            if transient_before and oid in transient_before:
-                self._transient(transient_before[oid])
+            if transient_before:
+                self._pending_transient = self._transient_of(op, retime.get(oid)) \
+                    if oid in transient_before else None
             if wait_for_memory or acted:
                 # _allocate_outputs' common case written out (each output served at once, no
                 # wait), the rest from the first output that is not
@@ -461,6 +467,8 @@ class Engine:
                     if no_ws and tensors[t].kind == "workspace":
                         k += 1
                         continue
+                    if self._pending_transient is not None:
+                        self._transient_at(t)
                     if wait_for_memory and not serves_now(size[t]):
                         break
                     # (_syncs_for and Transfers.copying written out; where the request
@@ -483,6 +491,8 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
+                    if self._pending_transient is not None:
+                        self._transient_at(t)
                     if sync_cap and (transfers.in_flight or transfers.limbo
                                      or transfers._returning):  # noqa: SLF001  (ditto)
                         syncs = failed = not allocate(t, size[t], now, oid, DEVICE, False, True)
@@ -493,6 +503,8 @@ class Engine:
                             # the allocator synchronizes at the cap (sync_at_capacity), or
                             # waits for blocks freed while a copy ran
                             for t2 in op.writes[i:]:
+                                if self._pending_transient is not None:
+                                    self._transient_at(t2)
                                 if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
                                     return
                             stall += env.now - wait_start
@@ -544,12 +556,37 @@ class Engine:
             if oid in done:
                 done[oid].succeed()
 
-    def _transient(self, size: int) -> None:
+    def _transient_of(self, op: Op, retime: Retime | None) -> tuple[int, int, int] | None:
+        """(the workspace tensor it comes before, bytes, op) of the op's data-gradient workspace
+        (transient_before), as PyTorch's calls ask for it: after the op's gradients, before
+        the weight-gradient kernel's workspace (the op's last write); none where the op runs
+        its workspace-free algorithm (the squeeze or a fallback cached that engine for the
+        shape), a part's where it runs as micro-batches."""
+        size = self.transient_before[op.id]
+        if retime is not None:
+            if not retime.workspace_bytes:
+                return None
+            size //= max(1, retime.parts)
+        workspace = op.writes[-1]
+        if not size or self.tensors[workspace].kind != "workspace":
+            return None
+        return workspace, size, op.id
+
+    def _transient_at(self, tensor: int) -> None:
+        """The pending transient, if `tensor` is the one it comes before."""
+        pending = self._pending_transient
+        if pending is not None and pending[0] == tensor:
+            self._pending_transient = None
+            if not self._transient(pending[1]):
+                self.transient_fell_back.append(pending[2])
+
+    def _transient(self, size: int) -> bool:
         """A block allocated and freed at once (transient_before): what it leaves is the
-        allocator's state, a segment it opened; one that cannot be had is skipped."""
+        allocator's state, a segment it opened. False where it cannot be had (skipped)."""
         block = self.allocator.malloc(size)
         if block is not None:
             self.allocator.free(block)
+        return block is not None
 
     def _reads_ready(self, op: Op, recomputes: Sequence[Recompute] = ()) -> list[simpy.Event]:
         """Events the op must wait for so that everything it reads is on the GPU.
@@ -621,6 +658,8 @@ class Engine:
             if retime is not None and retime.workspace_bytes == 0 \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
+            if self._pending_transient is not None:
+                self._transient_at(t)
             if failed:
                 failed = False
                 ok = yield from self._after_failed_alloc(t, op.id, DEVICE, fall_back=True)
