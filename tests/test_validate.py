@@ -287,3 +287,36 @@ def test_the_tracker_estimate_counts_calls_through_its_key_and_saves() -> None:
                                   * host.native_us_per_call + 10 * host.save_us)
     assert tracker_estimate_us({"executed": {**ex, "tracker": "python"}}, trace,
                                "h100-sxm") is None
+
+
+def test_actions_digest_leaves_out_the_times_a_retime_predicts():
+    from vsim.plan import Plan, Retime, actions_digest, plan_digest
+
+    def plan(dur: float, workspace: int = 0, parts: int = 1) -> Plan:
+        return Plan(actions=(Retime(3, dur, workspace, "measured", parts=parts),))
+
+    assert plan_digest(plan(720.5)) != plan_digest(plan(6613.0))
+    assert actions_digest(plan(720.5)) == actions_digest(plan(6613.0))
+    assert actions_digest(plan(720.5)) != actions_digest(plan(720.5, 2**20))
+    assert actions_digest(plan(720.5)) != actions_digest(plan(720.5, parts=4))
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_same_plan_as_accepts_a_plan_that_differs_in_times_only(tmp_path, capsys, same):
+    """A case's `same_plan_as` (tools/same_plans.py) names the actions_digest of the plan as
+    planned now: while it holds, the measured run's other digest is not a changed plan."""
+    from vsim.hardware import load_hardware
+    from vsim.plan import actions_digest
+    from vsim.policies import make_policy
+    from vsim.trace import load_trace
+
+    hw = load_hardware("h100-sxm")
+    plan = make_policy("none").plan(load_trace(TINY), hw, hw.capacity_bytes)
+    measured = {"iteration_time_us": 40.0, "peak_allocated_bytes": 4000, "fits": True,
+                "plan": {"digest": "0" * 16}}
+    (tmp_path / "m.json").write_text(json.dumps(measured))
+    write_case(tmp_path, measured=str(tmp_path / "m.json"),
+               same_plan_as=actions_digest(plan) if same else "1" * 16)
+    main(["validate", str(tmp_path / "validation" / "cases"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert bool(out["cases"][0].get("plan_changed")) is not same

@@ -215,3 +215,14 @@ def plan_digest(plan: Plan) -> str:
     import hashlib
 
     return hashlib.sha256(repr(plan.actions).encode()).hexdigest()[:16]
+
+
+def actions_digest(plan: Plan) -> str:
+    """A short digest of what a runtime carries out of a plan: plan_digest's less the times a
+    Retime predicts (a runtime runs the op workspace-free or in parts whatever time the model
+    gives it), so that new workspace-free times leave it as it was (a case's `same_plan_as`)."""
+    import hashlib
+
+    acts = [f"Retime(op={a.op!r}, workspace_bytes={a.workspace_bytes!r}, parts={a.parts!r})"
+            if isinstance(a, Retime) else repr(a) for a in plan.actions]
+    return hashlib.sha256(repr(acts).encode()).hexdigest()[:16]

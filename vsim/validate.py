@@ -11,6 +11,7 @@ capacity, where the measured result is, and the tolerances:
     memory: 12GiB             # optional, default the profile's capacity
     measured: trace           # the trace's own `measured` block, or a JSON file from `vsim measure`
     repeats: [validation/measured/earlier/ID-DATE.json]  # optional: more runs of the same plan
+    same_plan_as: 1f2e...     # optional: the plan now differs from the measured one in times only
     tolerance: {iteration_time: 10%, peak_allocated: 3%}
     family: plain-cnn         # optional, default from the model's name (FAMILIES)
 
@@ -69,6 +70,9 @@ class Case:
     source: str              # the case file, for messages
     family: str = "other"    # the model's family, for the per-family summary
     repeats: tuple[str, ...] = ()  # more measured runs of the same plan (paths)
+    # the actions_digest of the plan as planned now where the measured run's plan had other
+    # retime times only (checked when written: tools/same_plans.py)
+    same_plan_as: str | None = None
 
 
 def repo_root(start: Path) -> Path:
@@ -116,7 +120,7 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
         if not entry.get(key):
             raise ConfigError(f"missing required field {key!r}", where)
     known = {"id", "trace", "hardware", "policy", "allocator", "memory", "measured", "tolerance",
-             "note", "family", "repeats"}
+             "note", "family", "repeats", "same_plan_as"}
     unknown = set(entry) - known
     if unknown:
         raise ConfigError(f"unknown field(s) {', '.join(sorted(unknown))}; valid: "
@@ -149,7 +153,8 @@ def _case(entry: Any, f: Path, root: Path, place: str) -> Case:
                 memory_bytes=None if memory is None else parse_size(memory, f"{where}: memory"),
                 measured=measured, tolerance=tolerance, source=str(f),
                 family=family or family_of(Path(str(entry["trace"])).name, str(entry["id"])),
-                repeats=tuple(str(root / r) for r in repeats))
+                repeats=tuple(str(root / r) for r in repeats),
+                same_plan_as=str(entry["same_plan_as"]) if entry.get("same_plan_as") else None)
 
 
 def family_of(*names: str) -> str:
@@ -447,7 +452,7 @@ def run_case(case: Case, first_iteration: bool | None = None,
              runtime_cost: bool | None = None) -> dict[str, Any]:
     """Simulate one case and compare; the row of `vsim validate --json`."""
     from .engine.simulator import PlanError
-    from .plan import plan_digest
+    from .plan import actions_digest, plan_digest
 
     trace, hw, measured = case_inputs(case)
     keys = ("iteration_time_us", "peak_allocated_bytes", "peak_reserved_bytes", "fits")
@@ -499,7 +504,8 @@ def run_case(case: Case, first_iteration: bool | None = None,
         matched["error"] = relative_error(float(predicted["iteration_time_us"]),
                                           matched["iteration_time_us"])
         row["time_at_recorded_speed"] = matched
-    if measured_digest and measured_digest != plan_digest(result.plan):
+    if measured_digest and measured_digest != plan_digest(result.plan) \
+            and case.same_plan_as != actions_digest(result.plan):
         row["plan_changed"] = True  # the policy plans differently now than the plan measured
     tracker_us = tracker_estimate_us(measured, trace, case.hardware)
     if tracker_us is not None:
