@@ -620,3 +620,29 @@ def test_the_data_gradient_workspace_comes_after_the_gradients_as_pytorch_asks()
     assert requests(parts) == [*grads, dgrad[op.id] // 4, workspace // 4]
     free = requests(Retime(op.id, op.dur_us, 0, "measured"))
     assert free[:len(grads)] == grads and dgrad[op.id] not in free
+
+
+def test_a_workspace_free_convolution_takes_the_others_of_its_shape_along() -> None:
+    """PyTorch caches one cuDNN engine per shape and pass: squeezing conv 0.24's forward
+    gives 0.26's and 0.28's (same sizes) the same workspace-free engine, as the profiled
+    VGG-16(256) run showed (validation/runtime/microbatch-21-h100.log). Not with `exact`,
+    the paper frameworks' per-call algorithm choice."""
+    from pathlib import Path
+
+    from vsim.engine import run_plan
+    from vsim.engine.prep import trace_prep
+    from vsim.hardware import load_hardware
+    from vsim.plan import Retime
+
+    t = load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16-b256-h100.vsim.json.gz")
+    hw = load_hardware("h100-sxm")
+    assert trace_prep(t).same_shape()[24] == (26, 28)
+    assert trace_prep(t).same_shape()[49] == (47, 51)  # their backward ones
+    plan = Plan(actions=(Retime(24, 6613.0, 0, "measured"),))
+
+    def free(spec: str) -> list[int]:
+        run = run_plan(t, hw, plan, make_allocator(spec), None)
+        return [e.op.id for e in run.output.executed if e.without_workspace]
+
+    assert free("caching") == [24, 26, 28]
+    assert free("exact") == [24]

@@ -496,6 +496,8 @@ class _Run:
         self.transients = transients
         self.plan_given = plan  # (self.plan gains the workspace fallbacks of each iteration)
         self.first_iteration, self.fallback = first_iteration, fallback
+        if fallback is not None:  # PyTorch's engine cache: one engine per shape
+            self.plan = _with_fallbacks(plan, [], fallback, trace)
         self.host, self.tracked = host, tracked
         self.resident: dict[int, object] | None = None
         self.warm = False  # the first iteration adopts `resident` (run_plan's warm_start)
@@ -539,7 +541,7 @@ class _Run:
                 return out, first
             self.resident = first.resident_left()
             self.clock = first.clock
-            self.plan = _with_fallbacks(self.plan, first.fell_back, self.fallback)
+            self.plan = _with_fallbacks(self.plan, first.fell_back, self.fallback, self.trace)
             self.transients = _without(self.transients, first.transient_fell_back)
             # Not reported: its log goes before the next iteration builds its own (discard, and
             # no reference cycle holds an engine after its run: no collection needed, which
@@ -554,7 +556,8 @@ class _Run:
             if self._steady is not None:  # carry the last iteration's state into the next
                 engine = self._steady
                 resident_next = engine.resident_left()
-                self.plan = _with_fallbacks(self.plan, engine.fell_back, self.fallback)
+                self.plan = _with_fallbacks(self.plan, engine.fell_back, self.fallback,
+                                            self.trace)
                 self.transients = _without(self.transients, engine.transient_fell_back)
                 now = (self.memory.layout(), len(self.plan.actions), len(self.transients or ()))
                 if now == self.layout and self.draw is None:  # (drawn: no two alike)
@@ -633,7 +636,8 @@ class _Run:
                                                if isinstance(a, Retime) and a.note == FALLBACK})
         if fell:
             out.notes.append(f"workspace fallback: {len(fell)} convolution(s) ran without "
-                             f"their workspace, at the workspace-free algorithm's time (ops "
+                             f"their workspace (PyTorch fell back, or cached a workspace-free "
+                             f"engine for their shape), at that algorithm's time (ops "
                              f"{', '.join(map(str, fell[:12]))}"
                              f"{'...' if len(fell) > 12 else ''})")
         return out
@@ -652,14 +656,23 @@ def _without(transients: Mapping[int, int] | None, fell_back: list[int]
     return {o: s for o, s in transients.items() if o not in fell_back}
 
 
-def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None
-                    ) -> Plan:
-    """The plan with the workspace-free algorithms PyTorch fell back to (cached for good)."""
-    if not fell_back or fallback is None:
+def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None,
+                    trace: Trace) -> Plan:
+    """The plan with the workspace-free algorithms PyTorch fell back to (cached for good), and
+    the same for every convolution of the shape of one that runs workspace-free, by the plan
+    (squeezed) or by a fallback: PyTorch caches one engine per shape (TracePrep.same_shape)."""
+    if fallback is None:
         return plan
     done = {a.op for a in plan.actions if isinstance(a, Retime)}
-    return dataclasses.replace(plan, actions=plan.actions + tuple(
-        fallback[o] for o in fell_back if o not in done))
+    free = [a.op for a in plan.actions
+            if isinstance(a, Retime) and a.workspace_bytes == 0 and a.parts == 1]
+    same = trace_prep(trace).same_shape()
+    more: list[Retime] = []
+    for o in [*fell_back, *(x for f in [*free, *fell_back] for x in same.get(f, ()))]:
+        if o not in done and o in fallback:
+            done.add(o)
+            more.append(fallback[o])
+    return dataclasses.replace(plan, actions=plan.actions + tuple(more)) if more else plan
 
 
 def run_metrics(trace: Trace, out: EngineOutput) -> dict[str, Any]:

@@ -73,10 +73,33 @@ class TracePrep:
         self._inplace: dict[int, tuple[int, ...]] | None = None
         self._later_outputs: dict[int, list[int]] | None = None
         self._dgrad: dict[int, int] | None = None
+        self._same_shape: dict[int, tuple[int, ...]] | None = None
         # vsim.engine.warm's layouts, per (hardware, allocator spec, transients)
         self.warm: dict[tuple[object, ...], tuple[Any, dict[int, object]]] = {}
         # the host clock's per-op times, per host model's tables (hostclock._model_clock)
         self.host_tables: dict[tuple[int, int, int, float], tuple[Any, ...]] = {}
+
+    def same_shape(self) -> dict[int, tuple[int, ...]]:
+        """Per convolution, the other convolutions of its trace of the same shape and pass:
+        the same aten call on tensors of the same sizes and kinds (reads; results but the
+        workspace). PyTorch caches one cuDNN engine per shape and pass, so the engine that a
+        squeeze or a workspace fallback leaves for one is what the others run too (the
+        VGG-16(256) profile of validation/runtime/microbatch-21-h100.log: conv 0.24 and 0.26
+        squeezed, 0.28 ran the same workspace-free engines)."""
+        if self._same_shape is None:
+            tensors = self.tensors
+            groups: dict[tuple[Any, ...], list[int]] = {}
+            for o in self.ops.values():
+                if o.layer_type != "conv":
+                    continue
+                key = (o.name, o.phase,
+                       tuple(sorted((tensors[t].kind, tensors[t].size_bytes) for t in o.reads)),
+                       tuple(sorted((tensors[t].kind, tensors[t].size_bytes) for t in o.writes
+                                    if tensors[t].kind != "workspace")))
+                groups.setdefault(key, []).append(o.id)
+            self._same_shape = {o: tuple(x for x in ids if x != o)
+                                for ids in groups.values() if len(ids) > 1 for o in ids}
+        return self._same_shape
 
     def dgrad_workspaces(self) -> dict[int, int]:
         """Per backward convolution with a workspace, its forward convolution's workspace bytes
