@@ -454,9 +454,9 @@ class Engine:
             wait_start = env._now  # noqa: SLF001
             if transfers.limbo:
                 transfers.process_events(clock.ready_us(oid))  # type: ignore[union-attr]
-            if transient_before:
-                self._pending_transient = self._transient_of(op, retime.get(oid)) \
-                    if oid in transient_before else None
+            pending = None  # (the op's transient, asked for before its workspace)
+            if transient_before and oid in transient_before:
+                pending = self._pending_transient = self._transient_of(op, retime.get(oid))
             if wait_for_memory or acted:
                 # _allocate_outputs' common case written out (each output served at once, no
                 # wait), the rest from the first output that is not
@@ -467,7 +467,7 @@ class Engine:
                     if no_ws and tensors[t].kind == "workspace":
                         k += 1
                         continue
-                    if self._pending_transient is not None:
+                    if pending is not None:
                         self._transient_at(t)
                     if wait_for_memory and not serves_now(size[t]):
                         break
@@ -491,7 +491,7 @@ class Engine:
             else:
                 now = wait_start
                 for i, t in enumerate(op.writes):
-                    if self._pending_transient is not None:
+                    if pending is not None:
                         self._transient_at(t)
                     if sync_cap and (transfers.in_flight or transfers.limbo
                                      or transfers._returning):  # noqa: SLF001  (ditto)
@@ -503,7 +503,7 @@ class Engine:
                             # the allocator synchronizes at the cap (sync_at_capacity), or
                             # waits for blocks freed while a copy ran
                             for t2 in op.writes[i:]:
-                                if self._pending_transient is not None:
+                                if pending is not None:
                                     self._transient_at(t2)
                                 if not (yield from self._alloc_waiting(t2, oid, fall_back=True)):
                                     return
