@@ -544,7 +544,7 @@ def test_a_run_is_not_settled_while_its_plan_gains_fallbacks():
 
 
 def test_a_backward_convolution_first_takes_its_data_gradient_workspace() -> None:
-    """run_plan's dgrad_workspace: a block allocated and freed before each backward
+    """run_plan's dgrad_workspace: a block allocated and freed in each backward
     convolution (about its forward's workspace) stays cached in a segment of its own when
     nothing cached fits it: on vgg16-b128 with no policy it opens segments the model did not
     open before (PyTorch's history opens them too: validation/allocator/h100/vgg16-b128)."""

@@ -365,10 +365,11 @@ def run_plan(trace: Trace, hw: Hardware, plan: Plan, allocator: AllocatorSpec | 
     profiling runs use the same tracker (planning_runner), so that a plan is judged under the
     host costs it runs with.
 
-    `dgrad_workspace`: a backward convolution first allocates and frees its data-gradient
-    kernel's workspace, about its forward convolution's (TracePrep.dgrad_workspaces), which the
-    trace merged into its one workspace: the block it leaves cached is the fragmentation
-    PyTorch's allocator shows. Default: on with an allocator that models PyTorch's, as
+    `dgrad_workspace`: a backward convolution allocates and frees its data-gradient kernel's
+    workspace, about its forward convolution's (TracePrep.dgrad_workspaces), after its
+    gradients and before its recorded workspace, as PyTorch asks for them (Engine._transient_of),
+    which the trace merged into its one workspace: the block it leaves cached is the
+    fragmentation PyTorch's allocator shows. Default: on with an allocator that models PyTorch's, as
     `first_iteration`.
 
     `iterations`: at most this many iterations, the first one included (default: as many as a

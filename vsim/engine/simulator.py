@@ -113,7 +113,7 @@ class Engine:
         `clock`: an earlier iteration's clock of the same plan and host (HostClock.fresh: its
         issue times are reused), instead of building one from `host`. `index`: the plan's
         PlanIndex, if made already. `transients`: per op,
-        a block it allocates and frees before its outputs (run_plan's `dgrad_workspace`).
+        a block it allocates and frees before its workspace (run_plan's `dgrad_workspace`).
         `scale`, `host_scale`: a timing draw's iteration (run_plan's `draw`): per op, its
         duration as a multiple of the recorded one; the host's issue times, likewise.
         `logged` False: no memory log, no ExecutedOp or Copy records, only the run's end
@@ -187,9 +187,9 @@ class Engine:
         # and retry (release_cached_blocks): the copies' blocks come back before the cache is
         # freed. Plan.wait_for_memory is that, not a wait of the runtime's own (vsim.runtime).
         self.sync_at_capacity = events
-        # Blocks an op allocates and frees before its own outputs (op -> bytes), which the
-        # trace merged into its one workspace: a backward convolution's data-gradient
-        # workspace (TracePrep.dgrad_workspaces)
+        # Blocks an op allocates and frees after its gradients, before its recorded workspace
+        # (op -> bytes), which the trace merged into that workspace: a backward convolution's
+        # data-gradient workspace (TracePrep.dgrad_workspaces)
         self.transient_before: Mapping[int, int] = transients or {}
         # (the op being allocated's transient: _transient_of)
         self._pending_transient: tuple[int, int, int] | None = None
