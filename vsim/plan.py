@@ -209,20 +209,22 @@ PlanBuilder = Callable[[int, frozenset[int]], Plan]
 """(budget, convolutions forced to their workspace-free algorithm) -> a plan."""
 
 
+def _short_digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def plan_digest(plan: Plan) -> str:
     """A short digest of a plan's actions: a measured run records it (vsim.runtime.results), so
     that `vsim validate` can tell when a policy now plans differently from the plan measured."""
-    import hashlib
-
-    return hashlib.sha256(repr(plan.actions).encode()).hexdigest()[:16]
+    return _short_digest(repr(plan.actions))
 
 
 def actions_digest(plan: Plan) -> str:
     """A short digest of what a runtime carries out of a plan: plan_digest's less the times a
     Retime predicts (a runtime runs the op workspace-free or in parts whatever time the model
     gives it), so that new workspace-free times leave it as it was (a case's `same_plan_as`)."""
-    import hashlib
-
-    acts = [f"Retime(op={a.op!r}, workspace_bytes={a.workspace_bytes!r}, parts={a.parts!r})"
-            if isinstance(a, Retime) else repr(a) for a in plan.actions]
-    return hashlib.sha256(repr(acts).encode()).hexdigest()[:16]
+    return _short_digest(repr([
+        f"Retime(op={a.op!r}, workspace_bytes={a.workspace_bytes!r}, parts={a.parts!r})"
+        if isinstance(a, Retime) else repr(a) for a in plan.actions]))

@@ -21,7 +21,6 @@ Writes OUT/MODEL-bBATCH.parts.json (meta: device, driver, torch, cuda, cudnn, da
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace-free"))
-from probe_convs import conv_layers, provenance, timed  # noqa: E402
+from probe_convs import conv_layers, timed, write_probe  # noqa: E402
 
 from vsim.runtime.microbatch import split_call  # noqa: E402
 
@@ -110,12 +109,9 @@ def main() -> None:
                 total = sum(r["fwd_us"] + r["bwd_us"] for r in split)
                 print(f"  {2 ** k:>2} parts: {total / whole:.3f} of the whole batch's time",
                       flush=True)
-        doc = {"meta": {"model": model, "batch_size": int(batch), "parts": list(PARTS),
-                        **provenance("validation/microbatch/probe_parts.py")},
-               "layers": layers}
-        path = out_dir / f"{model}-b{batch}.parts.json"
-        path.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {path}", flush=True)
+        write_probe(out_dir / f"{model}-b{batch}.parts.json",
+                    {"model": model, "batch_size": int(batch), "parts": list(PARTS)},
+                    "validation/microbatch/probe_parts.py", layers)
 
 
 if __name__ == "__main__":

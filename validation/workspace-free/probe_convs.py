@@ -184,13 +184,17 @@ def main() -> None:
             if i % 10 == 0 or "error" in layer:
                 print(f"  {layer['layer']}: fwd {layer.get('fwd_us', 0):.1f} us, bwd "
                       f"{layer.get('bwd_us', 0):.1f} us {layer.get('error', '')}", flush=True)
-        doc = {"meta": {"model": model, "batch_size": int(batch), "mode": mode,
-                        "margin_bytes": MARGIN,
-                        **provenance("validation/workspace-free/probe_convs.py")},
-               "layers": layers}
-        path = out_dir / f"{model}-b{batch}-{mode}.convs.json"
-        path.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {path}", flush=True)
+        write_probe(out_dir / f"{model}-b{batch}-{mode}.convs.json",
+                    {"model": model, "batch_size": int(batch), "mode": mode,
+                     "margin_bytes": MARGIN}, "validation/workspace-free/probe_convs.py", layers)
+
+
+def write_probe(path: Path, meta: dict[str, Any], script: str,
+                layers: list[dict[str, Any]]) -> None:
+    """A probe's file: its meta with the run's provenance, and its layers."""
+    doc = {"meta": {**meta, **provenance(script)}, "layers": layers}
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -498,7 +498,9 @@ class _Run:
         self.plan_given = plan  # (self.plan gains the workspace fallbacks of each iteration)
         self.first_iteration, self.fallback = first_iteration, fallback
         if fallback is not None:  # PyTorch's engine cache: one engine per shape
-            self.plan = _with_fallbacks(plan, [], fallback, trace)
+            self.plan = _with_fallbacks(plan, [a.op for a in plan.actions if isinstance(a, Retime)
+                                               and a.workspace_bytes == 0 and a.parts == 1],
+                                        fallback, trace)
         self.host, self.tracked = host, tracked
         self.resident: dict[int, object] | None = None
         self.warm = False  # the first iteration adopts `resident` (run_plan's warm_start)
@@ -660,16 +662,15 @@ def _without(transients: Mapping[int, int] | None, fell_back: list[int]
 def _with_fallbacks(plan: Plan, fell_back: list[int], fallback: Mapping[int, Retime] | None,
                     trace: Trace) -> Plan:
     """The plan with the workspace-free algorithms PyTorch fell back to (cached for good), and
-    the same for every convolution of the shape of one that runs workspace-free, by the plan
-    (squeezed) or by a fallback: PyTorch caches one engine per shape (TracePrep.same_shape)."""
-    if fallback is None:
+    the same for every convolution of the shape of one of `fell_back`: PyTorch caches one
+    engine per shape (TracePrep.same_shape). _Run passes the ops the plan runs workspace-free
+    (squeezed) first, then each iteration's fallbacks."""
+    if not fell_back or fallback is None:
         return plan
     done = {a.op for a in plan.actions if isinstance(a, Retime)}
-    free = [a.op for a in plan.actions
-            if isinstance(a, Retime) and a.workspace_bytes == 0 and a.parts == 1]
     same = trace_prep(trace).same_shape()
     more: list[Retime] = []
-    for o in [*fell_back, *(x for f in [*free, *fell_back] for x in same.get(f, ()))]:
+    for o in [*fell_back, *(x for f in fell_back for x in same.get(f, ()))]:
         if o not in done and o in fallback:
             done.add(o)
             more.append(fallback[o])
