@@ -608,18 +608,22 @@ def test_the_data_gradient_workspace_comes_after_the_gradients_as_pytorch_asks()
     size = {x.id: x.size_bytes for x in t.tensors}
     *grads, workspace = (size[w] for w in op.writes)
 
-    def requests(*actions: Retime) -> list[int]:
+    def requests(*actions: Retime, before: int = 0, after: int = 2) -> list[int]:
         spec = _Requests(make_allocator("caching"))
         run_plan(t, hw, Plan(actions=actions), spec, None)  # type: ignore[arg-type]
         n = len(grads)
         at = next(i for i in range(len(spec.sizes)) if spec.sizes[i:i + n] == grads)
-        return spec.sizes[at:at + n + 2]
+        return spec.sizes[at - before:at + n + after]
 
     assert requests() == [*grads, dgrad[op.id], workspace]
-    parts = Retime(op.id, op.dur_us, workspace // 4, "micro-batched", parts=4)
-    assert requests(parts) == [*grads, dgrad[op.id] // 4, workspace // 4]
     free = requests(Retime(op.id, op.dur_us, 0, "measured"))
     assert free[:len(grads)] == grads and dgrad[op.id] not in free
+    # As micro-batches (vsim.runtime.microbatch): a part's results, its two workspaces, the
+    # whole batch's results, then (the first part's freed) a later part's, which finds them
+    # allocated; the recorded workspace itself asked for by none
+    parts = Retime(op.id, op.dur_us, workspace // 4, "micro-batched", parts=4)
+    part = [-(-sum(grads) // 4), -(-dgrad[op.id] // 4), -(-workspace // 4)]
+    assert requests(parts, before=3, after=3) == [*part, *grads, *part]
 
 
 def test_a_workspace_free_convolution_takes_the_others_of_its_shape_along() -> None:

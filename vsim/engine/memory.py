@@ -150,6 +150,23 @@ class DeviceMemory:
         else:
             self.log += ("alloc", now, a.block_addr(block), a.block_size(block), 0, tensor, None)
 
+    def scratch(self, size_bytes: int, now: float, op: int | None) -> object | None:
+        """A block of no trace tensor (a micro-batch's part: Engine._part_round), logged as
+        allocated like a tensor's so that it counts in the memory curve; None where it cannot
+        be had (nothing changed but what the allocator's attempt changed)."""
+        block = self._malloc(size_bytes)
+        if block is None:
+            return None
+        if self._segments and self.allocator.reserved_bytes != self._reserved_seen:
+            self._segment_change(now)
+        if self.logged:
+            self.log += ("alloc", now, self._addr(block), self._size(block), 0, None, op)
+        return block
+
+    def scratch_free(self, block: object, now: float, op: int | None) -> None:
+        """A scratch block back to the allocator (free_completed)."""
+        self.give_back(block, None, now, op)  # type: ignore[arg-type]
+
     def request_free(self, tensor: int, now: float, op: int | None) -> None:
         """The program frees the tensor while a copy still reads its block: PyTorch counts it
         no longer allocated (free_requested) but keeps the block until `release`

@@ -145,13 +145,25 @@ class Engine:
         self.prep = prep
         self.tensors: dict[int, Tensor] = prep.tensors
         self.size = prep.size
+        # Micro-batched convolutions (a Retime with parts > 1) ask for memory as their calls
+        # do (vsim.runtime.microbatch): per part, its results, then its workspaces, each freed
+        # at once; the whole batch's results after the first part's, whose are freed then
+        # (_part_round). Their recorded workspace tensor is none of these: it takes nothing.
+        self.parts: dict[int, tuple[int, tuple[int, ...]]] = {}
         split = [r for r in self.retime.values() if r.parts > 1]
-        if split:  # micro-batched convolutions: their workspace is what one part needs
+        if split:
             self.size = dict(prep.size)
             for r in split:
-                ws = [t for t in prep.ops[r.op].writes if prep.tensors[t].kind == "workspace"]
-                for i, t in enumerate(ws):
-                    self.size[t] = int(r.workspace_bytes or 0) if i == 0 else 0
+                op = prep.ops[r.op]
+                ws = [t for t in op.writes if prep.tensors[t].kind == "workspace"]
+                results = sum(prep.size[t] for t in op.writes if t not in ws)
+                for t in ws:
+                    self.size[t] = 0
+                # a backward convolution's data-gradient workspace before its weight-gradient
+                # one (_transient_of), each a part's
+                calls = [(transients or {}).get(op.id, 0), sum(prep.size[t] for t in ws)]
+                self.parts[op.id] = (-(-results // r.parts),
+                                     tuple(-(-b // r.parts) for b in calls if b))
         self.ops: dict[int, Op] = prep.ops
         self.streams = prep.streams
         # SimPy events only for ops another stream waits for.
@@ -374,7 +386,7 @@ class Engine:
         queue = env._queue  # noqa: SLF001  (SimPy's event heap: (time, priority, id, event))
         acts_before, acts_after, retime = index.acts_before, index.acts_after, self.retime
         sync_cap = self.sync_at_capacity
-        transient_before = self.transient_before
+        transient_before, parts = self.transient_before, self.parts
         wait_for_memory = self.plan.wait_for_memory and not sync_cap
         allocate, size, awaiting = self.memory.allocate, self.size, self.awaiting
         first_use = self.first_use
@@ -457,11 +469,20 @@ class Engine:
             pending = None  # (the op's transient, asked for before its workspace)
             if transient_before and oid in transient_before:
                 pending = self._pending_transient = self._transient_of(op, retime.get(oid))
+            held = None  # (a micro-batched op's first part, asked for before its results)
+            if parts and oid in parts:
+                held = self._part_round(op, hold=True)
+                if held is False:
+                    self._stop(self.memory.oom(oid, op.writes[0], parts[oid][0]))
+                    return
+                acted = True
             if wait_for_memory or acted:
                 # _allocate_outputs' common case written out (each output served at once, no
                 # wait), the rest from the first output that is not
                 op_retime = retime.get(oid)
-                no_ws = op_retime is not None and op_retime.workspace_bytes == 0
+                # (the workspace-free algorithm needs none; micro-batches ask their own)
+                no_ws = op_retime is not None and (op_retime.workspace_bytes == 0
+                                                   or op_retime.parts > 1)
                 k, failed = 0, False
                 for t in op.writes:
                     if no_ws and tensors[t].kind == "workspace":
@@ -514,6 +535,9 @@ class Engine:
                             self._out_of_memory(t, oid)
                             return
                         acted = True
+            if held is not None and not self._part_end(op, held):
+                self._stop(self.memory.oom(oid, op.writes[0], parts[oid][0]))
+                return
             if clock is not None and driver_calls:
                 churn_start = env.now
                 yield from self._driver_calls(oid)
@@ -563,10 +587,8 @@ class Engine:
         its workspace-free algorithm (the squeeze or a fallback cached that engine for the
         shape), a part's where it runs as micro-batches."""
         size = self.transient_before[op.id]
-        if retime is not None:
-            if not retime.workspace_bytes:
-                return None
-            size //= max(1, retime.parts)
+        if retime is not None and (not retime.workspace_bytes or retime.parts > 1):
+            return None  # (a micro-batched op asks for it per part: _part_round)
         workspace = op.writes[-1]
         if not size or self.tensors[workspace].kind != "workspace":
             return None
@@ -579,6 +601,40 @@ class Engine:
             self._pending_transient = None
             if not self._transient(pending[1]):
                 self.transient_fell_back.append(pending[2])
+
+    def _part_round(self, op: Op, hold: bool) -> object | None | bool:
+        """A micro-batched op's part (Engine.parts), as its calls ask for memory: the part's
+        results, then each workspace allocated and freed. `hold`: the first part, whose results
+        stay allocated until the whole batch's are (the block, to give to `_part_end`); else a
+        later part's, its results freed too (True). False where the part's results cannot be
+        had; a workspace that cannot be had makes the op fall back to its workspace-free
+        algorithm, as PyTorch's cuDNN call walks to an engine that needs none."""
+        memory, now = self.memory, self.env.now
+        results, workspaces = self.parts[op.id]
+        held = memory.scratch(results, now, op.id)
+        if held is None:
+            return False
+        for size in workspaces:
+            block = memory.scratch(size, now, op.id)
+            if block is None:
+                if op.id in self.fallback:
+                    self.retime[op.id] = self.fallback[op.id]
+                    self.fell_back.append(op.id)
+                break
+            memory.scratch_free(block, now, op.id)
+        if hold:
+            return held
+        memory.scratch_free(held, now, op.id)
+        return True
+
+    def _part_end(self, op: Op, held: object) -> bool:
+        """After the whole batch's results: the first part's results freed, and a later part
+        asked for (it finds the whole batch's results allocated: the op's peak); False where
+        it cannot be had."""
+        self.memory.scratch_free(held, self.env.now, op.id)
+        if self.retime[op.id].parts < 2:  # fell back: one call, no part
+            return True
+        return bool(self._part_round(op, hold=False))
 
     def _transient(self, size: int) -> bool:
         """A block allocated and freed at once (transient_before): what it leaves is the
@@ -655,7 +711,7 @@ class Engine:
         memory, size = self.memory, self.size
         wait = self.plan.wait_for_memory and not self.sync_at_capacity
         for t in op.writes[first:]:
-            if retime is not None and retime.workspace_bytes == 0 \
+            if retime is not None and (retime.workspace_bytes == 0 or retime.parts > 1) \
                     and self.tensors[t].kind == "workspace":
                 continue  # the workspace-free algorithm needs none
             if self._pending_transient is not None:
@@ -841,16 +897,23 @@ class Engine:
         retimes = self.retime
         for op_id in rc.ops:
             op = self.ops[op_id]
+            held = self._part_round(op, hold=True) if op_id in self.parts else None
+            if held is False:
+                self._stop(self.memory.oom(before.id, op.writes[0], self.parts[op_id][0]))
+                return False
             for t in op.writes:
                 where = self.memory.where(t)
                 if where not in (FREED, DROPPED) or t in rc.tensors:
                     continue
                 if self.tensors[t].kind == "workspace" and op_id in retimes \
-                        and retimes[op_id].workspace_bytes == 0:
+                        and (retimes[op_id].workspace_bytes == 0 or retimes[op_id].parts > 1):
                     continue
                 if not (yield from self._alloc_waiting(t, before.id)):
                     return False
                 transient.append((t, where))
+            if held is not None and not self._part_end(op, held):
+                self._stop(self.memory.oom(before.id, op.writes[0], self.parts[op_id][0]))
+                return False
             if self.clock is not None:  # the host issues the recomputed op first
                 self.clock.recompute(op)
                 if self.clock.ready_us(before.id) > self.env.now:
