@@ -439,3 +439,21 @@ def test_a_case_measured_alone_is_profiled_when_the_suite_is(tmp_path, monkeypat
                              warmup=0, say=said.append, profile_last=profile)
     assert "--profile-last" in calls[0] and "--profile-last" not in calls[1]
     assert said == ["  c1: 1.00 ms"] * 2
+
+
+def test_a_squeeze_fills_the_free_blocks_its_results_would_not_take() -> None:
+    """A squeeze caps reserved memory; a free block of a segment in use would serve a
+    workspace beyond the cap, so it is filled, but for the block best fit gives each of the
+    op's results (largest first); a result no free block holds needs a segment under the
+    cap."""
+    from vsim.allocator.caching import segment_size
+    from vsim.runtime.executor import blocks_to_plug
+
+    mib = 2**20
+    free = [300 * mib, 40 * mib, 100 * mib, 120 * mib]
+    plugs, unserved = blocks_to_plug(free, [90 * mib, 110 * mib])
+    assert sorted(plugs) == [40 * mib, 300 * mib] and unserved == 0  # 120 for 110, 100 for 90
+    plugs, unserved = blocks_to_plug(free, [500 * mib, 35 * mib])
+    assert sorted(plugs) == [100 * mib, 120 * mib, 300 * mib]
+    assert unserved == segment_size(500 * mib)
+    assert blocks_to_plug([], [8 * mib]) == ([], segment_size(8 * mib))

@@ -34,10 +34,11 @@ shares -- autograd's saved variables, views, the model's own Python locals:
   it falls back, when the engine it cached cannot get its workspace, to the heuristics' first
   engine that can, and caches that one. So in the executor's first iteration each such op runs
   squeezed: the process is capped at what it holds plus the op's results and SQUEEZE_MARGIN,
-  after giving back cached segments, and restored when the op ends. The engine PyTorch then
-  caches for the shape serves every later iteration. Whether the squeeze took (the op
-  allocated no more than its results and the margin) is counted per op (`squeezed`,
-  `squeeze_missed`). The cached engines outlive the executor: a later case in the same
+  after giving back cached segments and filling the free blocks of the segments still in use
+  (but those its results would take: plug_free_blocks), and restored when the op ends. The
+  engine PyTorch then caches for the shape serves every later iteration. Whether the squeeze
+  took (the op allocated no more than its results and the margin) is counted per op
+  (`squeezed`, `squeeze_missed`). The cached engines outlive the executor: a later case in the same
   process with the same shapes gets them too, so measure.py runs such a case alone.
   Other Retimes (durations only) are not executed.
 Where the native extension is built, the whole plan but recomputation and squeezes runs in C++
@@ -205,6 +206,7 @@ class Executor(Recomputation, NativeRuns):
         self.squeezing: tuple[int, int] | None = None  # (op, allocated bytes when it started)
         self.squeezed: list[int] = []        # ops whose squeezed run allocated no workspace
         self.squeeze_missed: list[int] = []  # ... and those that still allocated one
+        self._plugs: list[torch.Tensor] = []  # the free blocks a squeeze fills (plug_free_blocks)
         self.watch = {k: [(j, t) for j, t in outs if t in touched]
                       for k, outs in opmap.outputs.items()}
         self.watch = {k: v for k, v in self.watch.items() if v}
@@ -430,6 +432,7 @@ class Executor(Recomputation, NativeRuns):
         the next iteration would read an input of 0 bytes (cuDNN: CUDNN_STATUS_BAD_PARAM)."""
         if self.squeezing is not None and self.gpu:
             self.squeezing = None
+            self._plugs = []
             torch.cuda.set_per_process_memory_fraction(self.memory_fraction, self.device)
         try:
             self._restore_inputs()
@@ -615,17 +618,25 @@ class Executor(Recomputation, NativeRuns):
     def _squeeze(self, op: int) -> None:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
+        results = self._result_sizes(op)
+        self._plugs, unserved = plug_free_blocks(self.device, results)
         total = torch.cuda.get_device_properties(self.device).total_memory
-        cap = torch.cuda.memory_reserved(self.device) + self._results_bytes(op) + SQUEEZE_MARGIN
+        cap = torch.cuda.memory_reserved(self.device) + unserved + SQUEEZE_MARGIN
         torch.cuda.set_per_process_memory_fraction(min(self.memory_fraction, cap / total),
                                                    self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self.squeezing = (op, torch.cuda.memory_allocated(self.device))
 
+    def _result_sizes(self, op: int) -> list[int]:
+        tensors = self.tensor_by_id
+        return [tensors[t].size_bytes for t in self.trace.ops[op].writes
+                if tensors[t].kind != "workspace" and tensors[t].size_bytes > 0]
+
     def _unsqueeze(self) -> None:
         assert self.squeezing is not None
         op, start = self.squeezing
         self.squeezing = None
+        self._plugs = []
         torch.cuda.synchronize(self.device)
         torch.cuda.set_per_process_memory_fraction(self.memory_fraction, self.device)
         extra = torch.cuda.max_memory_allocated(self.device) - start - self._results_bytes(op)
@@ -854,3 +865,37 @@ class Executor(Recomputation, NativeRuns):
             self.stats.drops += 1
         else:
             self.stats.releases += 1
+
+
+def plug_free_blocks(device: Any, results: list[int]) -> tuple[list[torch.Tensor], int]:
+    """(tensors that fill the free blocks of the large pool's segments still in use, the
+    bytes of `results` that no block left free serves: `blocks_to_plug`). A squeeze caps
+    reserved memory, and a workspace served from such a block is not held against the cap:
+    PyTorch then keeps the engine with a workspace and the squeeze misses (6 of 273 runs
+    before 2026-11-28, e.g. VGG-16(256) recompute at 20 GiB: conv 0.2's backward, whose run
+    was 9% slower than predicted; validation/workspace-free/probe_convs.py found the same in
+    its probes). Each plug is a tensor of its block's size, which best fit serves from that
+    block."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free = [b["size"] for seg in torch.cuda.memory_snapshot()
+            if seg["device"] == index and seg["segment_type"] == "large"
+            for b in seg["blocks"] if b["state"] == "inactive"]
+    plugs, unserved = blocks_to_plug(free, results)
+    return [torch.empty(size, dtype=torch.uint8, device=device) for size in plugs], unserved
+
+
+def blocks_to_plug(free: list[int], results: list[int]) -> tuple[list[int], int]:
+    """(the free blocks to fill, the segment bytes the results need beyond those left free):
+    for each result, largest first, the smallest free block that holds it is left free, as
+    the caching allocator's best fit would serve it."""
+    from ..allocator.caching import segment_size
+
+    blocks = sorted(free)
+    unserved = 0
+    for size in sorted(results, reverse=True):
+        fit = next((i for i, b in enumerate(blocks) if b >= size), None)
+        if fit is None:
+            unserved += segment_size(size)
+        else:
+            blocks.pop(fit)
+    return blocks, unserved
