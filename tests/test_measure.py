@@ -312,12 +312,16 @@ def test_profile_summary_counts_overlapping_streams_once():
                                time_range=SimpleNamespace(start=start, end=end))
 
     prof = SimpleNamespace(events=lambda: [
-        event("conv", 0, 10), event("Memcpy DtoH", 5, 20),    # overlap: busy 0..20
-        event("conv", 30, 40), event("host op", 0, 100, torch.autograd.DeviceType.CPU)])
+        event("conv", 1000, 1010), event("Memcpy DtoH", 1005, 1020),    # overlap: busy 0..20
+        event("conv", 1030, 1040), event("host op", 1000, 1100, torch.autograd.DeviceType.CPU),
+        event("wgrad", 1400, 1600)])
     summary = kernel_summary(prof, wall_us=50.0)
-    assert summary["gpu_busy_us"] == 30 and summary["kernel_us"] == 35
-    assert summary["kernels"][0] == {"name": "conv", "calls": 2, "us": 20}
+    assert summary["gpu_busy_us"] == 230 and summary["kernel_us"] == 235
+    assert summary["kernels"][0] == {"name": "wgrad", "calls": 1, "us": 200}
+    assert summary["kernels"][1] == {"name": "conv", "calls": 2, "us": 20}
     assert summary["wall_us"] == 50.0
+    # the timeline: the kernels of at least TIMELINE_MIN_US, in start order, from the first
+    assert summary["timeline"] == [["wgrad", 0.0, 200.0]]
 
 
 @pytest.fixture(scope="module")

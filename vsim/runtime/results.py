@@ -122,11 +122,19 @@ def kernel_profiler() -> Any:
     return prof
 
 
+TIMELINE_MIN_US = 100.0  # the kernels the timeline keeps: those that can move an iteration
+
+
 def kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
     """An extra, profiled iteration: its wall time, the GPU's busy time (the union of kernel and
-    copy intervals on all streams) and the kernels by name (calls, summed time)."""
+    copy intervals on all streams), the kernels by name (calls, summed time), and `timeline`:
+    every kernel or copy of at least TIMELINE_MIN_US in start order, [name (60 characters),
+    start after the first one's, duration] in us, which says which op ran which engine where
+    the summary cannot (the kernels of a convolution that fell back sit between its
+    neighbours')."""
     spans: list[tuple[float, float]] = []
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    timeline: list[tuple[float, float, str]] = []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -134,6 +142,8 @@ def kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
         spans.append((start, start + dur))
         by_name[e.name][0] += 1
         by_name[e.name][1] += dur
+        if dur >= TIMELINE_MIN_US:
+            timeline.append((start, dur, e.name))
     busy, end = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b > end:
@@ -142,7 +152,10 @@ def kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
     return {"wall_us": round(wall_us, 3), "gpu_busy_us": round(busy, 3),
             "kernel_us": round(sum(v[1] for v in by_name.values()), 3),
-            "kernels": [{"name": n[:200], "calls": c, "us": round(us, 3)} for n, (c, us) in top]}
+            "kernels": [{"name": n[:200], "calls": c, "us": round(us, 3)} for n, (c, us) in top],
+            "timeline": [[name[:60], round(start - first, 1), round(dur, 1)]
+                         for first in [min((t[0] for t in timeline), default=0.0)]
+                         for start, dur, name in sorted(timeline)]}
 
 
 
