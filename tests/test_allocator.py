@@ -257,6 +257,43 @@ def test_expandable_model_replays_pytorchs_requests_with_its_maps_and_unmaps():
         assert abs(mapped[1] / mapped[0] - 1) < 0.25, (f.name, mapped)
 
 
+def test_a_replayed_history_starts_from_the_segments_it_found():
+    """retry_probe.py records the segments alive when the history began (since 2026-11-28):
+    the replay opens each whole, puts the live blocks at their offsets and leaves the rest
+    free, uncapped (the session caps itself later). VGG-16(256) recompute at 20 GiB: started
+    so, the caching model fails conv 0.7's 3.06 GiB workspaces in iteration 0 as PyTorch did
+    (started from the live blocks alone it served 42 of PyTorch's 86 OOMs)."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from vsim.allocator.caching import CachingAllocator
+
+    here = Path(__file__).resolve().parent.parent / "validation" / "allocator"
+    spec = importlib.util.spec_from_file_location("replay_history", here / "replay_history.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    mib, base = 2**20, 1 << 40
+    history = {"alive_at_start": [[base + 50 * mib, 10 * mib, 0], [base + 200 * mib, 4 * mib, 0]],
+               "segments_at_start": [[base, 100 * mib, 0, "large"],
+                                     [base + 200 * mib, 20 * mib, 0, "large"]],
+               "entries": [], "iteration_starts_us": []}
+    a = CachingAllocator(64 * mib)  # below what the segments hold: laid out uncapped
+    requests = module.Requests(history, a, "segment_free")
+    assert a.reserved_bytes == 120 * mib and a.capacity_bytes == 64 * mib
+    placed = {addr - base: (b.addr - b.segment.addr, b.segment.size)
+              for addr, b in requests.blocks.items()}
+    assert placed == {50 * mib: (50 * mib, 100 * mib), 200 * mib: (0, 20 * mib)}
+    free = sorted(b.size for p in a.pools.values() for b in p.free.blocks.values())
+    assert free == [16 * mib, 40 * mib, 50 * mib]
+    with gzip.open(here / "h100" / "retries" / "vgg16-b256-recompute-20g.requests.json.gz",
+                   "rt") as fh:
+        real, model = module.replay(json.load(fh))
+    assert real[0]["oom"] >= 80 and model[0].get("served_oom", 0) <= 2
+
+
 def test_caching_layout_compares_iterations_by_structure_not_address():
     """The engine runs steady iterations until the allocator starts one as it started the one
     before (Allocator.layout): the same segments and blocks, wherever the driver put them."""

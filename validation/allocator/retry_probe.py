@@ -113,6 +113,10 @@ def probe(case_path: str, out_dir: Path) -> None:
                "alive_at_start": [[b["address"], b["size"], seg["stream"]]
                                   for seg in start["segments"] for b in seg["blocks"]
                                   if b["state"] == "active_allocated"],
+               # the segments those blocks sit in, free parts included (since 2026-11-28:
+               # a segment opened before the history and never freed serves requests there)
+               "segments_at_start": [[seg["address"], seg["total_size"], seg["stream"],
+                                      seg["segment_type"]] for seg in start["segments"]],
                "entries": [[e["action"], e.get("addr", 0), e["size"], e.get("stream", 0),
                             e.get("time_us", 0)]
                            for e in trace_entries],
