@@ -602,7 +602,7 @@ class Engine:
             if not self._transient(pending[1]):
                 self.transient_fell_back.append(pending[2])
 
-    def _part_round(self, op: Op, hold: bool) -> object | None | bool:
+    def _part_round(self, op: Op, hold: bool) -> object:
         """A micro-batched op's part (Engine.parts), as its calls ask for memory: the part's
         results, then each workspace allocated and freed. `hold`: the first part, whose results
         stay allocated until the whole batch's are (the block, to give to `_part_end`); else a
@@ -713,7 +713,7 @@ class Engine:
         for t in op.writes[first:]:
             if retime is not None and (retime.workspace_bytes == 0 or retime.parts > 1) \
                     and self.tensors[t].kind == "workspace":
-                continue  # the workspace-free algorithm needs none
+                continue  # the workspace-free algorithm needs none; micro-batches ask their own
             if self._pending_transient is not None:
                 self._transient_at(t)
             if failed:
