@@ -290,8 +290,19 @@ def test_a_replayed_history_starts_from_the_segments_it_found():
     assert free == [16 * mib, 40 * mib, 50 * mib]
     with gzip.open(here / "h100" / "retries" / "vgg16-b256-recompute-20g.requests.json.gz",
                    "rt") as fh:
-        real, model = module.replay(json.load(fh))
+        history = json.load(fh)
+    real, model = module.replay(history)
     assert real[0]["oom"] >= 80 and model[0].get("served_oom", 0) <= 2
+    # the layout the capped iterations began from (tools/warm_from_history.py): the session's
+    # warm-up left 1970 MiB of segments around 1270 MiB of live blocks, the trace's residents
+    spec = importlib.util.spec_from_file_location(
+        "warm_from_history", here.parent.parent / "tools" / "warm_from_history.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    segments, live = tool.layout_at_start(history)
+    assert round(sum(size for size, _ in segments.values()) / mib) == 1970
+    assert round(sum(live.values()) / mib) == 1270
 
 
 def test_caching_layout_compares_iterations_by_structure_not_address():
