@@ -150,12 +150,13 @@ def kernel_summary(prof: Any, wall_us: float) -> dict[str, Any]:
             busy += b - max(a, end)
             end = b
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
+    timeline.sort()
+    first = timeline[0][0] if timeline else 0.0
     return {"wall_us": round(wall_us, 3), "gpu_busy_us": round(busy, 3),
             "kernel_us": round(sum(v[1] for v in by_name.values()), 3),
             "kernels": [{"name": n[:200], "calls": c, "us": round(us, 3)} for n, (c, us) in top],
             "timeline": [[name[:60], round(start - first, 1), round(dur, 1)]
-                         for first in [min((t[0] for t in timeline), default=0.0)]
-                         for start, dur, name in sorted(timeline)]}
+                         for start, dur, name in timeline]}
 
 
 
