@@ -79,6 +79,26 @@ def test_the_warm_layout_follows_the_recorded_allocator_history():
     assert resident[1].segment.size == 30 * MIB
 
 
+def test_the_warm_layout_makes_the_weights_in_the_order_the_model_registered_them():
+    """Replaying a recorded step, the process made its model's weights first, at construction,
+    in the order the model registered them (the first op reading each stands for it), then its
+    inputs: here w1 (read by op0) before w0 (read by op1) before the input, whatever the
+    trace's tensor ids say. Each is 10 MiB or more, so each opens a segment, in that order
+    (rising addresses)."""
+    ops = [op(0, 0, 10, reads=(1, 2), writes=(3,)),
+           op(1, 10, 10, reads=(0, 3), frees=(3,))]
+    tr = trace(ops, [tensor(0, 12 * MIB, "weight", consumers=(1,)),
+                     tensor(1, 14 * MIB, "weight", consumers=(0,)),
+                     tensor(2, 16 * MIB, "input", consumers=(0,)),
+                     tensor(3, 10 * MIB, producer=0, consumers=(1,))])
+    tr = dataclasses.replace(tr, mem_events=(  # (a recorded history: the order replayed)
+        MemEvent("alloc", 0, 1 << 40, 10 * MIB, 0, 3, 0),
+        MemEvent("free_completed", 19, 1 << 40, 10 * MIB, 0, 3, 1)))
+    _, resident = warm_layout(tr, hardware(), make_allocator("caching"), 100 * MIB, None)
+    made = sorted(resident, key=lambda t: resident[t].segment.addr)
+    assert made == [1, 0, 2]
+
+
 def test_a_warm_start_runs_out_where_a_fresh_process_fits():
     """At 100 MiB. Fresh process (first use): its first iteration opens 10+10+40+12 = 72 MiB and
     puts m in b's freed 40 MiB block; the next one has a take a's segment, b's 40 MiB release c's

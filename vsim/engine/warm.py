@@ -22,7 +22,7 @@ iteration. Computed once per trace, hardware and allocator, copied for each run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..allocator.caching import CachingAllocator
 from ..allocator.first_use import first_use_residents
@@ -43,7 +43,8 @@ ROOM = 1 << 50  # the warm-up's capacity: the whole GPU, which the plain step ne
 def _replayed(trace: Trace, memory: CachingAllocator) -> dict[int, object] | None:
     """The plain step as the trace recorded its allocator's requests, in program order
     (vsim.allocator.replay's first pass: residents up front but those created at first use,
-    which come at their op), on `memory`; every block but the residents' then given back.
+    which come at their op; up front in the order the process made them, `built`), on
+    `memory`; every block but the residents' then given back.
     The residents' blocks; None where the trace has no allocator history."""
     events = [e for e in trace.mem_events if e.action in ("alloc", "free_completed")]
     if not events:
@@ -52,10 +53,18 @@ def _replayed(trace: Trace, memory: CachingAllocator) -> dict[int, object] | Non
     deferred = {t for ts in first_use.values() for t in ts}
     resident: dict[int, object] = {}
     size = {t.id: t.size_bytes for t in trace.tensors}
-    for t in trace.tensors:
-        if t.producer is None and t.id not in deferred:
-            resident[t.id] = memory.malloc(t.size_bytes)
     pos = {op.id: i for i, op in enumerate(trace.ops)}
+
+    def built(t: Any) -> tuple[int, int, int]:
+        """The order the process made them in: the model's weights as it registered them (for
+        which the first op reading each stands), then the inputs, then the rest."""
+        rank = {"weight": 0, "input": 1}.get(t.kind, 2)
+        readers = [pos[c] for c in t.consumers if c in pos] if rank == 0 else []
+        return (rank, min(readers) if readers else len(pos), t.id)
+
+    for t in sorted((t for t in trace.tensors if t.producer is None and t.id not in deferred),
+                    key=built):
+        resident[t.id] = memory.malloc(t.size_bytes)
     late = sorted((pos[op], ts) for op, ts in first_use.items())
     live: dict[int, object] = {}
     for e in events:
