@@ -301,8 +301,8 @@ def test_a_replayed_history_starts_from_the_segments_it_found():
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     segments, live = tool.layout_at_start(history)
-    assert round(sum(size for size, _ in segments.values()) / mib) == 1970
-    assert round(sum(live.values()) / mib) == 1270
+    assert round(sum(size for _, size, _, _ in segments) / mib) == 1970
+    assert round(sum(size for _, size, _ in live) / mib) == 1270
 
 
 def test_caching_layout_compares_iterations_by_structure_not_address():

@@ -26,30 +26,35 @@ from typing import Any
 
 import vsim.engine as engine
 from vsim.allocator.caching import MIN_BLOCK, CachingAllocator
+from vsim.allocator.history import lay_out
 from vsim.engine.warm import ROOM
 from vsim.validate import case_inputs, load_cases, simulate_case
 
 MIB = 2**20
 
 
-def layout_at_start(history: dict[str, Any]) -> tuple[dict[int, tuple[int, str]], dict[int, int]]:
-    """(segments: addr -> (bytes, kind), live blocks: addr -> bytes) when the history's first
-    iteration began: the segments it recorded at its start, changed by its entries until then."""
-    segments = {addr: (size, kind) for addr, size, _stream, kind in history["segments_at_start"]}
-    live = {addr: size for addr, size, _stream in history["alive_at_start"]}
+def layout_at_start(history: dict[str, Any]) -> tuple[list[tuple[int, int, int, str]],
+                                                     list[tuple[int, int, int]]]:
+    """(segments as (addr, bytes, stream, kind), live blocks as (addr, bytes, stream)) when the
+    history's first iteration began: the segments it recorded at its start, changed by its
+    entries until then (vsim.allocator.history.lay_out's arguments)."""
+    segments = {addr: (size, stream, kind)
+                for addr, size, stream, kind in history["segments_at_start"]}
+    live = {addr: (size, stream) for addr, size, stream in history["alive_at_start"]}
     first = history["iteration_starts_us"][0]
-    for action, addr, size, _stream, t in history["entries"]:
+    for action, addr, size, stream, t in history["entries"]:
         if t >= first:
             break
         if action == "segment_alloc":
-            segments[addr] = (size, "large" if size > 2 * MIB else "small")
+            segments[addr] = (size, stream, "large" if size > 2 * MIB else "small")
         elif action == "segment_free":
             segments.pop(addr, None)
         elif action == "alloc":
-            live[addr] = size
+            live[addr] = (size, stream)
         elif action == "free_completed":
             live.pop(addr, None)
-    return segments, live
+    return ([(a, size, stream, kind) for a, (size, stream, kind) in segments.items()],
+            [(a, size, stream) for a, (size, stream) in live.items()])
 
 
 def real_warm_layout(history: dict[str, Any]) -> Any:
@@ -60,23 +65,7 @@ def real_warm_layout(history: dict[str, Any]) -> Any:
     def warm_layout(trace: Any, _hw: Any, _spec: Any, capacity_bytes: int,
                     _transients: Any) -> tuple[CachingAllocator, dict[int, object]]:
         memory = CachingAllocator(ROOM)
-        blocks, fillers = [], []
-        for addr, (total, kind) in sorted(segments.items()):
-            inside = sorted((b, s) for b, s in live.items() if addr <= b < addr + total)
-            if kind != "large":
-                blocks += [memory.malloc(s) for _, s in inside]
-                continue
-            memory.free(memory.malloc(total))  # the segment whole, then filled in order
-            at = addr
-            for b, s in inside:
-                if b > at:
-                    fillers.append(memory.malloc(b - at))
-                blocks.append(memory.malloc(s))
-                at = b + s
-            if addr + total > at:
-                fillers.append(memory.malloc(addr + total - at))
-        for block in fillers:
-            memory.free(block)
+        blocks = lay_out(memory, segments, live).values()
         by_size: dict[int, list[Any]] = defaultdict(list)
         for block in blocks:
             by_size[block.size].append(block)  # type: ignore[attr-defined]

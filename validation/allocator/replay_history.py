@@ -26,6 +26,7 @@ from typing import Any
 
 from vsim.allocator.caching import CachingAllocator
 from vsim.allocator.expandable import ExpandableAllocator
+from vsim.allocator.history import lay_out
 
 Table = dict[int, dict[str, int]]
 
@@ -47,44 +48,17 @@ class Requests:
         self.history, self.a, self.release_action = history, allocator, release_action
         self.blocks: dict[int, object] = {}
         if "segments_at_start" in history:
-            self._lay_out(history)
+            # the segments alive when the history began, free parts included: a segment
+            # opened before the history and never freed serves requests from those parts
+            # (VGG-16(256) recompute at 20 GiB: a 392 MiB request in iteration 0)
+            self.blocks = lay_out(allocator, history["segments_at_start"],
+                                  history["alive_at_start"])
         else:  # (histories before 2026-11-28: the live blocks alone, each its own segment)
             for addr, size, stream in history["alive_at_start"]:
                 self.blocks[addr] = allocator.malloc(size, stream)
         allocator.driver_calls.clear()
         self.held: list[int] = []
         allocator.before_release = self.give_back
-
-    def _lay_out(self, history: dict[str, Any]) -> None:
-        """The large segments alive when the history began, each with its live blocks at their
-        offsets and its free parts free: a segment opened before the history and never freed
-        serves requests from those parts (VGG-16(256) recompute at 20 GiB: a 392 MiB request
-        in iteration 0). Each segment is opened whole and filled in address order, its gaps
-        by fillers held until every segment is laid out (so that best fit has only this
-        segment's rest to take from), then freed. Small segments' blocks as before."""
-        a = self.a
-        alive = sorted(history["alive_at_start"])
-        fillers = []
-        # (the process was not capped yet: the session caps itself after its plain step)
-        cap, a.capacity_bytes = a.capacity_bytes, 1 << 50
-        for addr, total, stream, kind in sorted(history["segments_at_start"]):
-            inside = [(b, size) for b, size, _ in alive if addr <= b < addr + total]
-            if kind != "large":
-                for b, size in inside:
-                    self.blocks[b] = a.malloc(size, stream)
-                continue
-            a.free(a.malloc(total, stream))
-            at = addr
-            for b, size in inside:
-                if b > at:
-                    fillers.append(a.malloc(b - at, stream))
-                self.blocks[b] = a.malloc(size, stream)
-                at = b + size
-            if addr + total > at:
-                fillers.append(a.malloc(addr + total - at, stream))
-        for block in fillers:
-            a.free(block)
-        a.capacity_bytes = cap
 
     def give_back(self) -> None:
         while self.held:

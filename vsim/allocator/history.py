@@ -51,6 +51,39 @@ class History:
         return f"{self.meta.get('model', '?')}-b{self.meta.get('batch_size', '?')}"
 
 
+def lay_out(allocator: Any, segments: list[tuple[int, int, int, str]],
+            live: list[tuple[int, int, int]]) -> dict[int, object]:
+    """A recorded layout on `allocator`: `segments` (addr, bytes, stream, "large" or "small")
+    and the `live` blocks in them (addr, bytes, stream); the live blocks' model blocks, by
+    recorded address. Each large segment is opened whole and filled in address order, its
+    gaps by fillers held until every segment is laid out (so that best fit has only this
+    segment's rest to take from), then freed: its live blocks sit at their offsets and its
+    free parts are free. A small segment's blocks are allocated as they come. Laid out without
+    the allocator's capacity (a process lays out its segments before it caps itself)."""
+    blocks: dict[int, object] = {}
+    fillers = []
+    cap, allocator.capacity_bytes = allocator.capacity_bytes, UNLIMITED
+    for addr, total, stream, kind in sorted(segments):
+        inside = sorted((b, size) for b, size, _ in live if addr <= b < addr + total)
+        if kind != "large":
+            for b, size in inside:
+                blocks[b] = allocator.malloc(size, stream)
+            continue
+        allocator.free(allocator.malloc(total, stream))
+        at = addr
+        for b, size in inside:
+            if b > at:
+                fillers.append(allocator.malloc(b - at, stream))
+            blocks[b] = allocator.malloc(size, stream)
+            at = b + size
+        if addr + total > at:
+            fillers.append(allocator.malloc(addr + total - at, stream))
+    for block in fillers:
+        allocator.free(block)
+    allocator.capacity_bytes = cap
+    return blocks
+
+
 def history_files(paths: list[str]) -> list[Path]:
     """The allocator histories among `paths` (files, or every *.history.json.gz in folders)."""
     files: list[Path] = []
