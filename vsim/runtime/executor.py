@@ -611,9 +611,7 @@ class Executor(Recomputation, NativeRuns):
     def _results_bytes(self, op: int) -> int:
         from ..allocator.caching import segment_size
 
-        tensors = self.tensor_by_id
-        return sum(segment_size(tensors[t].size_bytes) for t in self.trace.ops[op].writes
-                   if tensors[t].kind != "workspace" and tensors[t].size_bytes > 0)
+        return sum(segment_size(size) for size in self._result_sizes(op))
 
     def _squeeze(self, op: int) -> None:
         torch.cuda.synchronize(self.device)
@@ -628,6 +626,7 @@ class Executor(Recomputation, NativeRuns):
         self.squeezing = (op, torch.cuda.memory_allocated(self.device))
 
     def _result_sizes(self, op: int) -> list[int]:
+        """The bytes of each result of op `op` (its writes but the workspace)."""
         tensors = self.tensor_by_id
         return [tensors[t].size_bytes for t in self.trace.ops[op].writes
                 if tensors[t].kind != "workspace" and tensors[t].size_bytes > 0]
