@@ -148,17 +148,14 @@ class Engine:
         # Micro-batched convolutions (a Retime with parts > 1) ask for memory as their calls
         # do (vsim.runtime.microbatch): per part, its results, then its workspaces, each freed
         # at once; the whole batch's results after the first part's, whose are freed then
-        # (_part_round). Their recorded workspace tensor is none of these: it takes nothing.
+        # (_part_round). Their recorded workspace tensor is none of these: it is never
+        # allocated (skipped where outputs are, as a workspace-free op's).
         self.parts: dict[int, tuple[int, tuple[int, ...]]] = {}
-        split = [r for r in self.retime.values() if r.parts > 1]
-        if split:
-            self.size = dict(prep.size)
-            for r in split:
+        for r in self.retime.values():
+            if r.parts > 1:
                 op = prep.ops[r.op]
                 ws = [t for t in op.writes if prep.tensors[t].kind == "workspace"]
                 results = sum(prep.size[t] for t in op.writes if t not in ws)
-                for t in ws:
-                    self.size[t] = 0
                 # a backward convolution's data-gradient workspace before its weight-gradient
                 # one (_transient_of), each a part's
                 calls = [(transients or {}).get(op.id, 0), sum(prep.size[t] for t in ws)]
