@@ -343,8 +343,15 @@ class Engine:
         """The op's workspace cannot be had: run it without one, at its workspace-free
         algorithm's time, if it has one. True when it did."""
         t = self.tensors[tensor]
-        if op is None or op not in self.fallback or t.kind != "workspace" \
+        if op is None or t.kind != "workspace" \
                 or any(c != op for c in t.consumers):  # a workspace is its op's alone
+            return False
+        return self._without_workspace(op)
+
+    def _without_workspace(self, op: int) -> bool:
+        """Op `op` runs its workspace-free algorithm from now on, where it has one (PyTorch's
+        cuDNN call walked to an engine that needs none); True when it does."""
+        if op not in self.fallback:
             return False
         self.retime[op] = self.fallback[op]
         self.fell_back.append(op)
@@ -614,9 +621,7 @@ class Engine:
         for size in workspaces:
             block = memory.scratch(size, now, op.id)
             if block is None:
-                if op.id in self.fallback:
-                    self.retime[op.id] = self.fallback[op.id]
-                    self.fell_back.append(op.id)
+                self._without_workspace(op.id)
                 break
             memory.scratch_free(block, now, op.id)
         if hold:
