@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vsim.allocator import make_allocator
-from vsim.allocator.caching import round_size, segment_size
+from vsim.allocator.caching import CachingAllocator, round_size, segment_size
 from vsim.errors import PolicyError
 
 MiB = 2**20
@@ -226,6 +226,37 @@ def test_whole_run_histories_replay_segment_for_segment():
         assert replayed.model_segments == replayed.recorded_segments, f.name
         assert all(rec == mod for rec, mod in replayed.reserved), f.name
         assert all(rec == mod for rec, mod in replayed.allocated), f.name
+
+
+def test_new_segments_lie_below_the_last_as_the_driver_places_them():
+    """The driver hands out segments' addresses top-down, and best fit breaks ties between
+    equal free blocks by the lower address: a request takes the newer of two equal blocks.
+    With the model's own addresses top-down (caching:addresses=down), the recorded histories
+    replay segment for segment; with each new segment above the last (the default)
+    VGG-16(256)'s and ResNet-152's do not (VGG's first iteration opens a 3138 MiB segment
+    PyTorch never did)."""
+    from pathlib import Path
+
+    from vsim.allocator.history import history_files, load_history, replay_history
+
+    a = make_allocator("caching:addresses=down").build(1 << 40)
+    assert isinstance(a, CachingAllocator)
+    older, newer = a.malloc(30 * MiB), a.malloc(30 * MiB)
+    assert a.block_addr(newer) < a.block_addr(older)
+    a.free(older)
+    a.free(newer)
+    assert a.block_addr(a.malloc(30 * MiB)) == a.block_addr(newer)
+    files = history_files([str(Path(__file__).resolve().parent.parent / "validation" /
+                               "allocator")])
+    upward = []
+    for f in files:
+        replayed = replay_history(load_history(f), recorded_addresses=False, top_down=True)
+        assert replayed.model_segments == replayed.recorded_segments, f.name
+        assert all(rec == mod for rec, mod in replayed.reserved), f.name
+        up = replay_history(load_history(f), recorded_addresses=False)
+        if up.model_segments != up.recorded_segments:
+            upward.append(f.name.split(".")[0])
+    assert sorted(upward) == ["resnet152-b32", "vgg16-b256"]
 
 
 def test_expandable_model_replays_pytorchs_requests_with_its_maps_and_unmaps():

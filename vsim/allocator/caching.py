@@ -34,6 +34,14 @@ SMALL_BUFFER = 2 << 20
 LARGE_BUFFER = 20 << 20
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
+# Where new segments lie (`top_down`). The CUDA driver hands out virtual addresses top-down:
+# in the recorded histories a new large segment mostly lies below the ones before it (small
+# ones fill the rest of a 32 MiB-aligned range upward; not modelled). Best fit breaks ties
+# between equal free blocks by the lower address, so a newer segment's block wins. Increasing
+# addresses put VGG-16(256)'s fc1 momentum into the wrong 392 MiB block and opened a 3138 MiB
+# segment PyTorch never did (validation/allocator/segment_order.py, docs/design.md).
+BOTTOM_ADDR = 1 << 32
+TOP_ADDR = 1 << 46
 
 
 def round_size(size_bytes: int) -> int:
@@ -53,19 +61,21 @@ def segment_size(size_bytes: int) -> int:
 class CachingAllocator(Allocator):
     """`segment_addresses`: where each new segment lies, in order (a recorded run's cudaMalloc
     results, for replaying its history). Addresses matter: best fit breaks ties between free
-    blocks of equal size by address, and the driver's placement is neither increasing nor
-    predictable. Without them (or once they run out) segments get increasing virtual
-    addresses, deterministic."""
+    blocks of equal size by address. Without them (or once they run out) each new segment
+    lies below the last where `top_down` (as the driver places large segments), else above
+    it."""
 
     retries_after_pending_frees = True
     capacity_only_at_limit = True
     block_fields = True
 
-    def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = ()) -> None:
+    def __init__(self, capacity_bytes: int, segment_addresses: Iterable[int] = (),
+                 top_down: bool = False) -> None:
         super().__init__(capacity_bytes)
+        self.top_down = top_down
         self.pools: dict[tuple[str, int], BlockPool] = {}
         self._stream0: dict[str, BlockPool] = {}  # pools[(kind, 0)] by kind (no tuple per ask)
-        self.next_addr = 1 << 32
+        self.next_addr = TOP_ADDR if top_down else BOTTOM_ADDR  # where the next one ends/starts
         self.segment_addresses = iter(segment_addresses)
 
     def _pool(self, pool: str, stream: int) -> BlockPool:
@@ -159,7 +169,9 @@ class CachingAllocator(Allocator):
             if self.reserved_bytes + grow > self.capacity_bytes:
                 return None
         addr = next(self.segment_addresses, None)
-        if addr is None:
+        if addr is None and self.top_down:
+            addr = self.next_addr = self.next_addr - grow
+        elif addr is None:
             addr = self.next_addr
             self.next_addr += grow
         block = pool.add_segment(addr, grow, kind, stream)
@@ -200,7 +212,7 @@ class CachingAllocator(Allocator):
         """An allocator of `capacity_bytes` in this one's state (segments, blocks, addresses;
         counters reset), and per block of this one (by id) its copy. Built block by block: a
         segment's blocks are a linked list that copy.deepcopy would walk recursively."""
-        new = CachingAllocator(capacity_bytes)
+        new = CachingAllocator(capacity_bytes, top_down=self.top_down)
         new.host_events = self.host_events
         new.next_addr = self.next_addr
         new.reserved_bytes, new.allocated_bytes = self.reserved_bytes, self.allocated_bytes
@@ -272,13 +284,18 @@ class Caching(AllocatorSpec):
                    "a block freed while a copy stream used it comes back at the first "
                    "allocation the host issues after the copy ends (PyTorch's "
                    "process_events), or at a failed allocation's retry; events=gpu: when "
-                   "the copy ends on the GPU's clock (before 2026-11-26)")
+                   "the copy ends on the GPU's clock (before 2026-11-26); addresses=down: each "
+                   "new segment below the last, as the driver places them")
     # "host" (default since 2026-11-26, sixth session): a block freed under record_stream
     # comes back when the allocator sees its event pass, at a malloc in host time
     # (vsim.engine.transfers' limbo); "gpu": when its copy ends on the GPU's clock
     events: str = choice("host", "gpu")
+    # "up": each new segment above the last (the corpus's plans were made so); "down": below
+    # it, as the driver places them (2026-11-28: replays every recorded history segment for
+    # segment; the default once the 38 validation plans it moves are measured again)
+    addresses: str = choice("up", "down")
 
     def build(self, capacity_bytes: int) -> Allocator:
-        alloc = CachingAllocator(capacity_bytes)
+        alloc = CachingAllocator(capacity_bytes, top_down=self.addresses == "down")
         alloc.host_events = self.events == "host"
         return alloc

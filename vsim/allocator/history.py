@@ -157,11 +157,14 @@ class Replayed:
         return None
 
 
-def replay_history(history: History, recorded_addresses: bool = True) -> Replayed:
-    """Serve the history's requests with the caching model (see the module docstring)."""
+def replay_history(history: History, recorded_addresses: bool = True,
+                   top_down: bool = False) -> Replayed:
+    """Serve the history's requests with the caching model (see the module docstring);
+    `top_down`: without the recorded addresses, each new segment below the last."""
     segments = [(addr, size) for action, addr, size, _ in history.entries
                 if action == "segment_alloc"]
-    model = CachingAllocator(UNLIMITED, [a for a, _ in segments] if recorded_addresses else ())
+    model = CachingAllocator(UNLIMITED, [a for a, _ in segments] if recorded_addresses else (),
+                             top_down=top_down)
     ends = [it.first_entry for it in history.iterations[1:]] + [len(history.entries)]
     live: dict[int, object] = {}
     model_segments: list[int] = []
