@@ -11,6 +11,13 @@ policies taken in turn from the built-in list, shifted by three per model so tha
 meets every cap across the corpus; the measured runs use PyTorch's default allocator (caching).
 The Hugging Face models (traces MODEL-bBATCH-sSEQ-bf16-adamw-h100) get the same, eight cases
 each: every built-in policy but vdnn:mode=conv once, one uncapped and three at each cap.
+
+    python tools/make_corpus.py --h200 MODEL... [--write]   # the H200 twins (suite-h200.yaml)
+    python tools/make_corpus.py --h200 MODEL... --cases     # their case files, once measured
+
+`--h200`: a corpus model recorded on the H200 too (traces/MODEL-bBATCH-h200) gets its H100
+cases again there, each policy at the same cap with the id suffixed `-h200`, so that each pair
+differs only in the GPU and its host.
 """
 
 from __future__ import annotations
@@ -138,11 +145,54 @@ def hf_cases() -> list[dict]:
     return cases
 
 
+def h200_twins(models: list[str], suite: list[dict]) -> list[dict]:
+    """The H100 suite's cases of `models` (plain policies, no instrumented or built-in runs)
+    on each model's H200 trace."""
+    out = []
+    for model in models:
+        if model not in MODELS:
+            raise SystemExit(f"--h200 {model}: not a corpus model ({', '.join(MODELS)})")
+        batch = MODELS[model][0]
+        trace_path = f"traces/{model}-b{batch}-h200.vsim.json.gz"
+        if not (ROOT / trace_path).exists():
+            raise SystemExit(f"{trace_path}: no such trace (vsim record {model} --batch "
+                             f"{batch} --device cuda --warmup 3 --iters 10 -o {trace_path})")
+        for c in suite:
+            if c["model"] == model and "policy" in c and not c.get("instrument"):
+                out.append({**c, "id": f"{c['id']}-h200", "trace": trace_path})
+    return out
+
+
+def write_case_files(cases: list[dict], hardware: str, label: str) -> int:
+    """validation/cases/ID.yaml for each of `cases` measured and without one yet."""
+    n = 0
+    for c in cases:
+        measured = ROOT / "validation" / "measured" / f"{c['id']}.json"
+        case_path = ROOT / "validation" / "cases" / f"{c['id']}.yaml"
+        if not measured.exists() or case_path.exists() or "policy" not in c \
+                or c.get("instrument"):
+            continue
+        case = {"id": c["id"], "trace": c["trace"], "hardware": hardware,
+                "policy": c["policy"], "allocator": "caching"}
+        if c.get("memory"):
+            case["memory"] = c["memory"]
+        if c.get("family"):
+            case["family"] = c["family"]
+        case["measured"] = f"validation/measured/{c['id']}.json"
+        case["tolerance"] = {"iteration_time": "10%", "peak_allocated": "3%"}
+        case_path.write_text(f"# {label}\n" + yaml.safe_dump(case, sort_keys=False))
+        n += 1
+    return n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--cases", action="store_true")
+    ap.add_argument("--h200", nargs="+", metavar="MODEL")
     args = ap.parse_args()
+    if args.h200:
+        return h200_main(args)
     suite_path = ROOT / "validation" / "suite.yaml"
     doc = yaml.safe_load(suite_path.read_text())
     have = {c["id"] for c in doc["cases"]}
@@ -159,25 +209,30 @@ def main() -> int:
         print(yaml.safe_dump(new, sort_keys=False, width=100))
         print(f"{len(new)} new cases")
     if args.cases:
-        n = 0
-        for c in yaml.safe_load(suite_path.read_text())["cases"]:
-            measured = ROOT / "validation" / "measured" / f"{c['id']}.json"
-            case_path = ROOT / "validation" / "cases" / f"{c['id']}.yaml"
-            if not measured.exists() or case_path.exists() or "policy" not in c \
-                    or c.get("instrument"):
-                continue
-            case = {"id": c["id"], "trace": c["trace"], "hardware": "h100-sxm",
-                    "policy": c["policy"], "allocator": "caching"}
-            if c.get("memory"):
-                case["memory"] = c["memory"]
-            if c.get("family"):
-                case["family"] = c["family"]
-            case["measured"] = f"validation/measured/{c['id']}.json"
-            case["tolerance"] = {"iteration_time": "10%", "peak_allocated": "3%"}
-            case_path.write_text("# measured on the H100 machine; see validation/README.md "
-                                 "(corpus)\n" + yaml.safe_dump(case, sort_keys=False))
-            n += 1
+        n = write_case_files(yaml.safe_load(suite_path.read_text())["cases"], "h100-sxm",
+                             "measured on the H100 machine; see validation/README.md (corpus)")
         print(f"wrote {n} case files")
+    return 0
+
+
+def h200_main(args: argparse.Namespace) -> int:
+    suite = yaml.safe_load((ROOT / "validation" / "suite.yaml").read_text())["cases"]
+    h200_path = ROOT / "validation" / "suite-h200.yaml"
+    twins = h200_twins(args.h200, suite)
+    if args.cases:
+        n = write_case_files(twins, "h200", "measured on the H200 machine with its own trace, "
+                             "the H100 case's twin; see validation/README.md (H200 cases)")
+        print(f"wrote {n} case files")
+        return 0
+    have = {c["id"] for c in yaml.safe_load(h200_path.read_text())["cases"]}
+    new = [c for c in twins if c["id"] not in have]
+    if args.write and new:
+        with h200_path.open("a") as f:
+            f.write(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"appended {len(new)} cases to {h200_path.relative_to(ROOT)}")
+    else:
+        print(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"{len(new)} new cases")
     return 0
 
 
