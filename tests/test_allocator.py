@@ -229,8 +229,9 @@ def test_whole_run_histories_replay_segment_for_segment():
 
 
 def test_new_segments_lie_below_the_last_as_the_driver_places_them():
-    """The driver hands out segments' addresses top-down, and best fit breaks ties between
-    equal free blocks by the lower address: a request takes the newer of two equal blocks.
+    """The driver hands out segments' addresses top-down in 32 MiB-aligned ranges, and best fit
+    breaks ties between equal free blocks by the lower address: a request takes the newer of
+    two equal blocks.
     With the model's own addresses top-down (caching:addresses=down), the recorded histories
     replay segment for segment; with each new segment above the last (the default)
     VGG-16(256)'s and ResNet-152's do not (VGG's first iteration opens a 3138 MiB segment
@@ -246,6 +247,14 @@ def test_new_segments_lie_below_the_last_as_the_driver_places_them():
     a.free(older)
     a.free(newer)
     assert a.block_addr(a.malloc(30 * MiB)) == a.block_addr(newer)
+    # the driver's 32 MiB-aligned ranges: a 66 MiB segment at the bottom of a 96 MiB range, the
+    # next segments in the rest of it, upward (inception_v3's first segments), then below it
+    b = make_allocator("caching:addresses=down").build(1 << 40)
+    big = b.block_addr(b.malloc(66 * MiB))
+    small = b.block_addr(b.malloc(512 * 1024))
+    mid = b.block_addr(b.malloc(20 * MiB))
+    assert (small, mid) == (big + 66 * MiB, big + 68 * MiB)
+    assert b.block_addr(b.malloc(40 * MiB)) + 64 * MiB == big
     files = history_files([str(Path(__file__).resolve().parent.parent / "validation" /
                                "allocator")])
     upward = []

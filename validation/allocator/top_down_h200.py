@@ -1,10 +1,10 @@
 """The H200 corpus under each rule for where new segments lie, every plan measured under its own.
 
-`caching:addresses=down` (each new segment below the last, as the driver places them) moves 7
-of the 98 H200 cases' plans. Those 7 were measured again with plans made under it (a working
-copy with the default flipped; validation/runtime/top-down-23-h200.log) and are kept in
-h200/top-down/. This runs `vsim validate`'s machinery twice: the H200 cases as they are
-(`addresses=up`, the default), and the same cases under `addresses=down` with the 7 moved
+`caching:addresses=down` (new segments top-down, as the driver places them) moves 9 of the 98
+H200 cases' plans. Those 9 were measured again with plans made under it (a working copy with
+the default flipped; validation/runtime/top-down-23-h200.log) and are kept in h200/top-down/.
+This runs `vsim validate`'s machinery twice: the H200 cases as they are
+(`addresses=up`, the default), and the same cases under `addresses=down` with the 9 moved
 cases' runs taken from h200/top-down/ (their repeats, runs of the other plan, dropped). Prints
 both summaries and the moved cases; writes nothing.
 

@@ -34,14 +34,17 @@ SMALL_BUFFER = 2 << 20
 LARGE_BUFFER = 20 << 20
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
-# Where new segments lie (`top_down`). The CUDA driver hands out virtual addresses top-down:
-# in the recorded histories a new large segment mostly lies below the ones before it (small
-# ones fill the rest of a 32 MiB-aligned range upward; not modelled). Best fit breaks ties
-# between equal free blocks by the lower address, so a newer segment's block wins. Increasing
-# addresses put VGG-16(256)'s fc1 momentum into the wrong 392 MiB block and opened a 3138 MiB
-# segment PyTorch never did (validation/allocator/segment_order.py, docs/design.md).
+# Where new segments lie (`top_down`). Best fit breaks ties between equal free blocks by the
+# lower address, so where the driver puts each segment decides which of two equal blocks a
+# request gets. In the recorded histories the driver reserves virtual addresses top-down in
+# 32 MiB-aligned ranges (VA_CHUNK), puts a segment at the bottom of its range, and puts later
+# segments in the lowest free space of the ranges it holds (a range's rest, a freed segment's)
+# before it reserves another. Increasing addresses put VGG-16(256)'s fc1 momentum into the
+# wrong 392 MiB block and opened a 3138 MiB segment PyTorch never did
+# (validation/allocator/segment_order.py, docs/design.md).
 BOTTOM_ADDR = 1 << 32
 TOP_ADDR = 1 << 46
+VA_CHUNK = 32 << 20
 
 
 def round_size(size_bytes: int) -> int:
@@ -76,6 +79,7 @@ class CachingAllocator(Allocator):
         self.pools: dict[tuple[str, int], BlockPool] = {}
         self._stream0: dict[str, BlockPool] = {}  # pools[(kind, 0)] by kind (no tuple per ask)
         self.next_addr = TOP_ADDR if top_down else BOTTOM_ADDR  # where the next one ends/starts
+        self.va_free: list[tuple[int, int]] = []  # top_down: free (start, end) in reserved ranges
         self.segment_addresses = iter(segment_addresses)
 
     def _pool(self, pool: str, stream: int) -> BlockPool:
@@ -165,12 +169,12 @@ class CachingAllocator(Allocator):
             self.driver_calls.append(("sync", 0))
             self.driver_calls += [("free", s.size) for p in self.pools.values()
                                   for s in p.segments if s.is_free()]
-            self.reserved_bytes -= sum(p.release_free_segments() for p in self.pools.values())
+            self._release_free_segments()
             if self.reserved_bytes + grow > self.capacity_bytes:
                 return None
         addr = next(self.segment_addresses, None)
         if addr is None and self.top_down:
-            addr = self.next_addr = self.next_addr - grow
+            addr = self._reserve(grow)
         elif addr is None:
             addr = self.next_addr
             self.next_addr += grow
@@ -183,6 +187,44 @@ class CachingAllocator(Allocator):
         pool.take(block, size, split)
         self.allocated_bytes += block.size
         return block
+
+    def _reserve(self, size: int) -> int:
+        """Where the driver puts a new segment of `size` bytes (top_down): the lowest free space
+        of the ranges it holds, else the bottom of a new 32 MiB-aligned range below them."""
+        for i, (lo, hi) in enumerate(self.va_free):
+            if hi - lo >= size:
+                if hi - lo == size:
+                    del self.va_free[i]
+                else:
+                    self.va_free[i] = (lo + size, hi)
+                return lo
+        whole = -(-size // VA_CHUNK) * VA_CHUNK
+        self.next_addr -= whole
+        if whole > size:
+            insort(self.va_free, (self.next_addr + size, self.next_addr + whole))
+        return self.next_addr
+
+    def _release_free_segments(self) -> int:
+        """cudaFree every segment with no block in use (its range free again for the driver
+        where top_down); the bytes given back."""
+        if self.top_down:
+            for p in self.pools.values():
+                for seg in p.segments:
+                    if seg.is_free():
+                        self._unreserve(seg.addr, seg.addr + seg.size)
+        released = sum(p.release_free_segments() for p in self.pools.values())
+        self.reserved_bytes -= released
+        return released
+
+    def _unreserve(self, lo: int, hi: int) -> None:
+        """A freed segment's range joins the free space, merged with its neighbours."""
+        i = bisect_right(self.va_free, (lo, hi))
+        if i < len(self.va_free) and self.va_free[i][0] == hi:
+            hi = self.va_free.pop(i)[1]
+        if i > 0 and self.va_free[i - 1][1] == lo:
+            lo = self.va_free.pop(i - 1)[0]
+            i -= 1
+        self.va_free.insert(i, (lo, hi))
 
     def free(self, block: object) -> None:
         assert isinstance(block, Block) and not block.free
@@ -204,15 +246,14 @@ class CachingAllocator(Allocator):
     def empty_cache(self) -> int:
         """torch.cuda.empty_cache(): cudaFree every segment with no block in use; the bytes
         given back."""
-        released = sum(p.release_free_segments() for p in self.pools.values())
-        self.reserved_bytes -= released
-        return released
+        return self._release_free_segments()
 
     def copy(self, capacity_bytes: int) -> tuple[CachingAllocator, dict[int, Block]]:
         """An allocator of `capacity_bytes` in this one's state (segments, blocks, addresses;
         counters reset), and per block of this one (by id) its copy. Built block by block: a
         segment's blocks are a linked list that copy.deepcopy would walk recursively."""
         new = CachingAllocator(capacity_bytes, top_down=self.top_down)
+        new.va_free = list(self.va_free)
         new.host_events = self.host_events
         new.next_addr = self.next_addr
         new.reserved_bytes, new.allocated_bytes = self.reserved_bytes, self.allocated_bytes
