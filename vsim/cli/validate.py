@@ -65,6 +65,7 @@ def _validate_histories(files: list[Path], as_json: bool) -> int:
         if not as_json:
             progress(f"replaying {h.name} ({len(h.entries)} allocator events)")
         exact, virtual = replay_history(h), replay_history(h, recorded_addresses=False)
+        down = replay_history(h, recorded_addresses=False, top_down=True)
         rows.append({
             "history": h.path, "run": h.name, "device": h.meta.get("device"),
             "iterations": len(h.iterations), "events": len(h.entries),
@@ -78,6 +79,9 @@ def _validate_histories(files: list[Path], as_json: bool) -> int:
             "reserved_model_virtual_addresses_bytes": virtual.reserved[-1][1],
             "reserved_error_virtual_addresses": virtual.reserved_error,
             "first_divergent_segment_virtual_addresses": virtual.first_divergence(),
+            "reserved_model_top_down_bytes": down.reserved[-1][1],
+            "reserved_error_top_down": down.reserved_error,
+            "first_divergent_segment_top_down": down.first_divergence(),
             "ok": abs(exact.reserved_error) <= TOLERANCE})
     if as_json:
         emit_json({"tolerance": TOLERANCE, "histories": rows})
@@ -85,16 +89,19 @@ def _validate_histories(files: list[Path], as_json: bool) -> int:
         print(f"Caching allocator model against PyTorch's allocator histories (whole runs, "
               f"reserved after the last iteration; tolerance {TOLERANCE:.0%})")
         print(f"{'run':18} {'events':>7} {'recorded':>10} {'model':>10} {'err':>7} {'segments':>9}"
-              f"  {'virtual addr':>12} {'err':>7}  ok")
+              f"  {'virtual addr':>12} {'err':>7}  {'top-down':>10} {'err':>7}  ok")
         for r in rows:
             print(f"{r['run']:18} {r['events']:7d} {_gib(r['reserved_recorded_bytes']):>10} "
                   f"{_gib(r['reserved_model_bytes']):>10} {pct(r['reserved_error']):>7} "
                   f"{r['segments_model']:>4}/{r['segments_recorded']:<4}"
                   f"  {_gib(r['reserved_model_virtual_addresses_bytes']):>12} "
                   f"{pct(r['reserved_error_virtual_addresses']):>7}  "
+                  f"{_gib(r['reserved_model_top_down_bytes']):>10} "
+                  f"{pct(r['reserved_error_top_down']):>7}  "
                   f"{'ok' if r['ok'] else 'MISS'}")
         print("model: segments at the recorded cudaMalloc addresses; virtual addr: at the "
-              "increasing addresses the simulator uses (best fit breaks ties by address)")
+              "increasing addresses the simulator uses (best fit breaks ties by address); "
+              "top-down: as the driver places them (caching:addresses=down)")
     return 0 if all(r["ok"] for r in rows) else 1
 
 
