@@ -228,6 +228,19 @@ def test_whole_run_histories_replay_segment_for_segment():
         assert all(rec == mod for rec, mod in replayed.allocated), f.name
 
 
+def test_expandable_never_maps_past_its_capacity():
+    """A block that straddles a page boundary maps more than its allocation size (an 18 MiB
+    block over two 20 MiB pages): the capacity is checked against the pages it maps, as
+    PyTorch's map_block does, not against the allocation size alone (hypothesis found this
+    sequence reserving 102 MiB of 96 in test_accounting_identity)."""
+    a = build("expandable", 96 * MiB)
+    for size, stream in ((2117514, 3), (1815157, 0), (1026430, 0)):
+        a.free(a.malloc(size, stream=stream))
+    a.malloc(2079588, stream=1)
+    a.malloc(16777217, stream=2)
+    assert a.reserved_bytes <= a.capacity_bytes
+
+
 def test_new_segments_lie_below_the_last_as_the_driver_places_them():
     """The driver hands out segments' addresses top-down in 32 MiB-aligned ranges, and best fit
     breaks ties between equal free blocks by the lower address: a request takes the newer of

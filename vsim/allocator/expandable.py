@@ -166,13 +166,25 @@ class ExpandableAllocator(Allocator):
         allowed_memory_maximum), however much of it a free mapped neighbour would give."""
         return self.reserved_bytes + segment_size(size) > self.capacity_bytes
 
+    def _maps_past_cap(self, seg: _Segment, size: int) -> bool:
+        """map_block's check: the pages the request's block would map take the mapped memory
+        past the capacity. More than its allocation size where the block straddles a page
+        boundary (an 18 MiB block over two 20 MiB pages); PyTorch never maps past its cap."""
+        hole = seg.first_hole(size)
+        take = size if hole.size - size >= seg.split_from else hole.size
+        first, last = hole.addr // seg.page, (hole.addr + take - 1) // seg.page
+        i = bisect.bisect_left(seg.mapped, first)
+        have = bisect.bisect_right(seg.mapped, last, i) - i
+        return self.reserved_bytes + (last - first + 1 - have) * seg.page > self.capacity_bytes
+
     def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
         """Whether `malloc` would find no mapped free block and no room under the capacity
         for the request's allocation size: PyTorch's allocator would then synchronize the
         device and unmap its free pages (release_cached_blocks) before it maps again."""
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
-        return seg.mapped_fit(size) is None and self._over_cap(size)
+        return seg.mapped_fit(size) is None and (self._over_cap(size)
+                                                 or self._maps_past_cap(seg, size))
 
     def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False,
                unless_hit: bool = False) -> object | None:
@@ -182,7 +194,8 @@ class ExpandableAllocator(Allocator):
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
         found = None if searched else seg.mapped_fit(size)  # get_free_block: no map call
-        if found is None and unless_hit and self._over_cap(size):
+        if found is None and unless_hit and (self._over_cap(size)
+                                             or self._maps_past_cap(seg, size)):
             return None
         if found is not None:
             # a run whose rest would be too small to split is taken whole, as PyTorch
@@ -194,7 +207,7 @@ class ExpandableAllocator(Allocator):
             return block
         # alloc_block over the cap: release (release_cached_blocks), then alloc_block again
         for retry in (False, True):
-            if not self._over_cap(size):
+            if not self._over_cap(size) and not self._maps_past_cap(seg, size):
                 break
             if retry:
                 return None
