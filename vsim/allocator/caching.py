@@ -64,9 +64,8 @@ def segment_size(size_bytes: int) -> int:
 class CachingAllocator(Allocator):
     """`segment_addresses`: where each new segment lies, in order (a recorded run's cudaMalloc
     results, for replaying its history). Addresses matter: best fit breaks ties between free
-    blocks of equal size by address. Without them (or once they run out) each new segment
-    lies below the last where `top_down` (as the driver places large segments), else above
-    it."""
+    blocks of equal size by address. Without them (or once they run out) new segments lie
+    where the driver puts them where `top_down` (`_reserve`), else each above the last."""
 
     retries_after_pending_frees = True
     capacity_only_at_limit = True
@@ -325,15 +324,16 @@ class Caching(AllocatorSpec):
                    "a block freed while a copy stream used it comes back at the first "
                    "allocation the host issues after the copy ends (PyTorch's "
                    "process_events), or at a failed allocation's retry; events=gpu: when "
-                   "the copy ends on the GPU's clock (before 2026-11-26); addresses=down: each "
-                   "new segment below the last, as the driver places them")
+                   "the copy ends on the GPU's clock (before 2026-11-26); addresses=down: new "
+                   "segments where the driver puts them (top-down 32 MiB ranges)")
     # "host" (default since 2026-11-26, sixth session): a block freed under record_stream
     # comes back when the allocator sees its event pass, at a malloc in host time
     # (vsim.engine.transfers' limbo); "gpu": when its copy ends on the GPU's clock
     events: str = choice("host", "gpu")
-    # "up": each new segment above the last (the corpus's plans were made so); "down": below
-    # it, as the driver places them (2026-11-28: replays every recorded history segment for
-    # segment; the default once the 38 validation plans it moves are measured again)
+    # "up": each new segment above the last (the corpus's plans were made so); "down": where
+    # the driver puts them (2026-11-28: replays every recorded history segment for segment;
+    # the default once the 36 H100 validation plans it moves are measured again:
+    # validation/allocator/README.md)
     addresses: str = choice("up", "down")
 
     def build(self, capacity_bytes: int) -> Allocator:
