@@ -163,6 +163,17 @@ def h200_twins(models: list[str], suite: list[dict]) -> list[dict]:
     return out
 
 
+def append_or_show(suite_path: Path, new: list[dict], write: bool) -> None:
+    """Append `new` cases to the suite file when `write` and there are any, else print them."""
+    if write and new:
+        with suite_path.open("a") as f:
+            f.write(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"appended {len(new)} cases to {suite_path.relative_to(ROOT)}")
+    else:
+        print(yaml.safe_dump(new, sort_keys=False, width=100))
+        print(f"{len(new)} new cases")
+
+
 def write_case_files(cases: list[dict], hardware: str, label: str) -> int:
     """validation/cases/ID.yaml for each of `cases` measured and without one yet."""
     n = 0
@@ -201,13 +212,8 @@ def main() -> int:
     indexed = {c["model"] for c in doc["cases"]}
     new = [c for c in corpus_cases() + hf_cases()
            if c["id"] not in have and c["model"] not in indexed]
-    if args.write and new:
-        with suite_path.open("a") as f:
-            f.write(yaml.safe_dump(new, sort_keys=False, width=100))
-        print(f"appended {len(new)} cases to {suite_path.relative_to(ROOT)}")
-    elif not args.cases:
-        print(yaml.safe_dump(new, sort_keys=False, width=100))
-        print(f"{len(new)} new cases")
+    if (args.write and new) or not args.cases:
+        append_or_show(suite_path, new, args.write)
     if args.cases:
         n = write_case_files(yaml.safe_load(suite_path.read_text())["cases"], "h100-sxm",
                              "measured on the H100 machine; see validation/README.md (corpus)")
@@ -225,14 +231,7 @@ def h200_main(args: argparse.Namespace) -> int:
         print(f"wrote {n} case files")
         return 0
     have = {c["id"] for c in yaml.safe_load(h200_path.read_text())["cases"]}
-    new = [c for c in twins if c["id"] not in have]
-    if args.write and new:
-        with h200_path.open("a") as f:
-            f.write(yaml.safe_dump(new, sort_keys=False, width=100))
-        print(f"appended {len(new)} cases to {h200_path.relative_to(ROOT)}")
-    else:
-        print(yaml.safe_dump(new, sort_keys=False, width=100))
-        print(f"{len(new)} new cases")
+    append_or_show(h200_path, [c for c in twins if c["id"] not in have], args.write)
     return 0
 
 
