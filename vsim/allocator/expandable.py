@@ -58,13 +58,17 @@ class _Segment:
         have = set(mapped[i:bisect.bisect_right(mapped, last, i)])
         return [p for p in range(first, last + 1) if p not in have]
 
-    def has_unmapped(self, block: Block) -> bool:
-        """Whether a page of `block` is unmapped (without listing them: the segment's unused
-        end spans its whole address range)."""
-        first, last = block.addr // self.page, (block.addr + block.size - 1) // self.page
+    def unmapped_count(self, addr: int, size: int) -> int:
+        """How many pages of the `size` bytes at `addr` are unmapped (without listing them: the
+        segment's unused end spans its whole address range)."""
+        first, last = addr // self.page, (addr + size - 1) // self.page
         mapped = self.mapped
         i = bisect.bisect_left(mapped, first)
-        return bisect.bisect_right(mapped, last, i) - i < last - first + 1
+        return last - first + 1 - (bisect.bisect_right(mapped, last, i) - i)
+
+    def has_unmapped(self, block: Block) -> bool:
+        """Whether a page of `block` is unmapped."""
+        return self.unmapped_count(block.addr, block.size) > 0
 
     def map(self, pages: list[int]) -> None:
         for p in pages:
@@ -166,16 +170,19 @@ class ExpandableAllocator(Allocator):
         allowed_memory_maximum), however much of it a free mapped neighbour would give."""
         return self.reserved_bytes + segment_size(size) > self.capacity_bytes
 
-    def _maps_past_cap(self, seg: _Segment, size: int) -> bool:
-        """map_block's check: the pages the request's block would map take the mapped memory
-        past the capacity. More than its allocation size where the block straddles a page
-        boundary (an 18 MiB block over two 20 MiB pages); PyTorch never maps past its cap."""
+    @staticmethod
+    def _hole(seg: _Segment, size: int) -> tuple[Block, int, int]:
+        """try_allocate_expandable_block's choice for the request: the hole, the bytes its block
+        takes (a rest too small to split taken too) and the bytes it would map."""
         hole = seg.first_hole(size)
         take = size if hole.size - size >= seg.split_from else hole.size
-        first, last = hole.addr // seg.page, (hole.addr + take - 1) // seg.page
-        i = bisect.bisect_left(seg.mapped, first)
-        have = bisect.bisect_right(seg.mapped, last, i) - i
-        return self.reserved_bytes + (last - first + 1 - have) * seg.page > self.capacity_bytes
+        return hole, take, seg.unmapped_count(hole.addr, take) * seg.page
+
+    def _maps_past_cap(self, maps: int) -> bool:
+        """map_block's check: mapping `maps` bytes takes the mapped memory past the capacity.
+        More than the allocation size where the block straddles a page boundary (an 18 MiB
+        block over two 20 MiB pages); PyTorch never maps past its cap."""
+        return self.reserved_bytes + maps > self.capacity_bytes
 
     def would_hit(self, size_bytes: int, stream: int = 0) -> bool:
         """Whether `malloc` would find no mapped free block and no room under the capacity
@@ -183,8 +190,8 @@ class ExpandableAllocator(Allocator):
         device and unmap its free pages (release_cached_blocks) before it maps again."""
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
-        return seg.mapped_fit(size) is None and (self._over_cap(size)
-                                                 or self._maps_past_cap(seg, size))
+        return seg.mapped_fit(size) is None and (
+            self._over_cap(size) or self._maps_past_cap(self._hole(seg, size)[2]))
 
     def malloc(self, size_bytes: int, stream: int = 0, searched: bool = False,
                unless_hit: bool = False) -> object | None:
@@ -194,8 +201,8 @@ class ExpandableAllocator(Allocator):
         size = round_size(size_bytes)
         seg = self._segment(size, stream)
         found = None if searched else seg.mapped_fit(size)  # get_free_block: no map call
-        if found is None and unless_hit and (self._over_cap(size)
-                                             or self._maps_past_cap(seg, size)):
+        if found is None and unless_hit and (
+                self._over_cap(size) or self._maps_past_cap(self._hole(seg, size)[2])):
             return None
         if found is not None:
             # a run whose rest would be too small to split is taken whole, as PyTorch
@@ -207,7 +214,8 @@ class ExpandableAllocator(Allocator):
             return block
         # alloc_block over the cap: release (release_cached_blocks), then alloc_block again
         for retry in (False, True):
-            if not self._over_cap(size) and not self._maps_past_cap(seg, size):
+            hole, take, maps = self._hole(seg, size)
+            if not self._over_cap(size) and not self._maps_past_cap(maps):
                 break
             if retry:
                 return None
@@ -221,9 +229,7 @@ class ExpandableAllocator(Allocator):
                 if gone:
                     self.driver_calls.append(("unmap", gone))
                     self.reserved_bytes -= gone
-        hole = seg.first_hole(size)
-        block = seg.blocks.take_at(hole, hole.addr,
-                                   size if hole.size - size >= seg.split_from else hole.size)
+        block = seg.blocks.take_at(hole, hole.addr, take)
         pages = seg.unmapped_pages(block)
         if pages:
             seg.map(pages)
