@@ -160,7 +160,8 @@ class Replayed:
 def replay_history(history: History, recorded_addresses: bool = True,
                    top_down: bool = False) -> Replayed:
     """Serve the history's requests with the caching model (see the module docstring);
-    `top_down`: without the recorded addresses, each new segment below the last."""
+    `top_down`: without the recorded addresses, new segments where the driver puts them
+    (CachingAllocator's `top_down`: top-down 32 MiB ranges)."""
     segments = [(addr, size) for action, addr, size, _ in history.entries
                 if action == "segment_alloc"]
     model = CachingAllocator(UNLIMITED, [a for a, _ in segments] if recorded_addresses else (),
